@@ -1,0 +1,45 @@
+# THORN: `make run` and `make test` are all a fresh machine needs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint openapi bench venv test-deps clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## run: the embedded controller (SQLite, embedded NATS, all services) on http://127.0.0.1:8080
+run: venv
+	$(BIN)/thorn-run
+
+## test-deps: system packages the test lanes need (none beyond the machine's services yet)
+test-deps:
+	@command -v psql >/dev/null || (apt-get update -qq && apt-get install -y -qq postgresql-client)
+
+## lint: ruff and mypy over the whole tree
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy)
+test: venv test-deps lint
+	$(BIN)/pytest -q tests/unit tests/integration tests/deploy
+
+## openapi: write the merged OpenAPI document of all services
+openapi: venv
+	$(BIN)/python openapi/generate.py --write
+
+## bench: benchmarks; results go to docs/benchmarks.md
+bench: venv
+	$(BIN)/python -m thorn.bench.topology --write docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .thorn .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,39 @@
+"""Settings every THORN process reads from the environment (THORN_*), built in app factories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from thorn.store import sqlite_url
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="THORN_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(Path(".thorn"), description="where the embedded SQLite file lives")
+    database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite file")
+    nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server(s), comma-separated")
+    admin_token: SecretStr | None = Field(None, description="bootstrap admin bearer token")
+    listen: str = Field("127.0.0.1:8080", description="host:port of the HTTP API")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+    max_body_bytes: int = Field(1 * MiB, ge=1 * KiB, description="limit for ordinary requests")
+    max_import_bytes: int = Field(
+        64 * MiB, ge=1 * KiB, description="limit for fabric imports and containerlab files"
+    )
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or sqlite_url(self.data_dir.resolve())
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host or "127.0.0.1", int(port)

@@ -1,0 +1,377 @@
+"""Bus subjects, JetStream streams, the desired-state KV bucket and event schemas, defined once.
+
+Everything here is pure (no I/O): `thorn.bus` moves these events over NATS, services import the
+subjects and models from here and never spell a subject string themselves.
+
+Subjects (NATS tokens are separated by '.'; a node name that contains '.' spans several tokens,
+which is why the per-node wildcards use '>'):
+
+    topology.changed            TopologyChanged     stream THORN_TOPOLOGY
+    health.link.<link_id>       LinkHealthChanged   stream THORN_HEALTH
+    paths.changed               PathsChanged        stream THORN_PATHS
+    failover.<node>             FailoverEvent       stream THORN_FAILOVER (failover history)
+    agent.report.<node>         (core NATS only, not persisted; schema owned by the agents)
+
+Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+# --------------------------------------------------------------------------------------------
+# Subjects
+# --------------------------------------------------------------------------------------------
+
+TOPOLOGY_CHANGED = "topology.changed"
+PATHS_CHANGED = "paths.changed"
+HEALTH_LINK_PREFIX = "health.link"
+HEALTH_LINK_ALL = "health.link.*"
+FAILOVER_PREFIX = "failover"
+FAILOVER_ALL = "failover.>"
+AGENT_REPORT_PREFIX = "agent.report"
+AGENT_REPORT_ALL = "agent.report.>"
+
+# What a node name may look like inside a subject: the domain model's Name (letters, digits,
+# '.', '_', '-'), so never a wildcard, whitespace or an empty token.
+_SUBJECT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*(\.[A-Za-z0-9][A-Za-z0-9_-]*)*$")
+
+
+def _subject_name(value: str, what: str) -> str:
+    if not _SUBJECT_NAME_RE.match(value):
+        raise ValueError(
+            f"{what} {value!r} cannot be used in a subject: expected letters, digits, '_', '-'"
+            " and non-empty '.'-separated parts"
+        )
+    return value
+
+
+def health_link_subject(link_id: int) -> str:
+    """`health.link.<link_id>`: where health publishes one link's state changes."""
+    if isinstance(link_id, bool) or not isinstance(link_id, int) or link_id < 0:
+        raise ValueError(f"link id must be a non-negative integer, got {link_id!r}")
+    return f"{HEALTH_LINK_PREFIX}.{link_id}"
+
+
+def failover_subject(node: str) -> str:
+    """`failover.<node>`: where a node's programmer reports a local failover."""
+    return f"{FAILOVER_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def agent_report_subject(node: str) -> str:
+    """`agent.report.<node>`: where a node's agent sends carrier/BFD/counter reports."""
+    return f"{AGENT_REPORT_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` matches one token, a final `>` matches one or more tokens."""
+    p_tokens = pattern.split(".")
+    s_tokens = subject.split(".")
+    for i, p in enumerate(p_tokens):
+        if p == ">":
+            return i == len(p_tokens) - 1 and len(s_tokens) > i
+        if i >= len(s_tokens):
+            return False
+        if p != "*" and p != s_tokens[i]:
+            return False
+    return len(p_tokens) == len(s_tokens)
+
+
+# --------------------------------------------------------------------------------------------
+# JetStream streams and the desired-state KV bucket
+# --------------------------------------------------------------------------------------------
+
+_DAY = 24 * 60 * 60.0
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class StreamSpec:
+    """A JetStream stream THORN owns. `max_age` in seconds; limits discard the oldest first."""
+
+    name: str
+    subjects: tuple[str, ...]
+    description: str
+    max_age: float
+    max_bytes: int
+    storage: Literal["file", "memory"] = "file"
+    duplicate_window: float = 120.0
+
+    def covers(self, subject: str) -> bool:
+        return any(subject_matches(pattern, subject) for pattern in self.subjects)
+
+
+STREAM_TOPOLOGY = StreamSpec(
+    name="THORN_TOPOLOGY",
+    subjects=("topology.>",),
+    description="topology change notifications (the SQL store is the source of truth)",
+    max_age=7 * _DAY,
+    max_bytes=256 * _MIB,
+)
+STREAM_HEALTH = StreamSpec(
+    name="THORN_HEALTH",
+    subjects=("health.>",),
+    description="link and session health state changes",
+    max_age=7 * _DAY,
+    max_bytes=512 * _MIB,
+)
+STREAM_FAILOVER = StreamSpec(
+    name="THORN_FAILOVER",
+    subjects=("failover.>",),
+    description="failover history: every local or central path flip",
+    max_age=30 * _DAY,
+    max_bytes=1024 * _MIB,
+)
+STREAM_PATHS = StreamSpec(
+    name="THORN_PATHS",
+    subjects=("paths.>",),
+    description="path plan revisions",
+    max_age=7 * _DAY,
+    max_bytes=256 * _MIB,
+)
+STREAMS: tuple[StreamSpec, ...] = (STREAM_TOPOLOGY, STREAM_HEALTH, STREAM_FAILOVER, STREAM_PATHS)
+
+
+def stream_for_subject(subject: str) -> StreamSpec | None:
+    """The THORN stream that stores messages published on `subject`, if any."""
+    for spec in STREAMS:
+        if spec.covers(subject):
+            return spec
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValueSpec:
+    """A JetStream KV bucket THORN owns. `history` is kept per key (1..5 here)."""
+
+    bucket: str
+    description: str
+    history: int
+    max_value_size: int
+    max_bytes: int
+    storage: Literal["file", "memory"] = "file"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.history <= 5:
+            raise ValueError(f"KV history must be 1..5, got {self.history}")
+
+
+DESIRED_STATE_KV = KeyValueSpec(
+    bucket="thorn-desired-state",
+    description="per-node desired datapath state, one key per node, written by pathcomp",
+    history=5,
+    max_value_size=8 * _MIB,
+    max_bytes=1024 * _MIB,
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Event schemas
+# --------------------------------------------------------------------------------------------
+
+
+def _to_utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[
+    AwareDatetime,
+    AfterValidator(_to_utc),
+    Field(description="timezone-aware timestamp, normalised to UTC"),
+]
+
+
+def utcnow() -> datetime:
+    """The current time as an aware UTC datetime, for the events' `at` fields."""
+    return datetime.now(UTC)
+
+
+class Event(BaseModel):
+    """Base of every bus event: immutable, strict about unknown fields, knows its subject."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # The subject pattern this event type is published under (registry key).
+    subject_pattern: ClassVar[str] = ""
+
+    @property
+    def subject(self) -> str:
+        """The concrete subject this event is published on."""
+        raise NotImplementedError
+
+
+class Change(BaseModel):
+    """One entity touched by a topology change: its kind (e.g. "link"), the operation, its key."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = Field(min_length=1)
+    op: Literal["create", "update", "delete", "replace"]
+    key: str = Field(min_length=1)
+
+
+class TopologyChanged(Event):
+    """The topology store committed `revision`; `changes` says what moved."""
+
+    subject_pattern: ClassVar[str] = TOPOLOGY_CHANGED
+
+    revision: int = Field(ge=0)
+    at: UtcDatetime
+    actor: str
+    changes: list[Change] = Field(default_factory=list)
+
+    @property
+    def subject(self) -> str:
+        return TOPOLOGY_CHANGED
+
+
+class PathsChanged(Event):
+    """Pathcomp published path plan `revision`, computed from `topology_revision`."""
+
+    subject_pattern: ClassVar[str] = PATHS_CHANGED
+
+    revision: int = Field(ge=0)
+    topology_revision: int = Field(ge=0)
+    at: UtcDatetime
+
+    @property
+    def subject(self) -> str:
+        return PATHS_CHANGED
+
+
+class LinkHealthChanged(Event):
+    """Health moved link `link_id` from `previous` (None: first seen) to `state`."""
+
+    subject_pattern: ClassVar[str] = HEALTH_LINK_ALL
+
+    link_id: int = Field(ge=0)
+    state: str = Field(min_length=1)
+    previous: str | None = None
+    at: UtcDatetime
+    source: str
+
+    @property
+    def subject(self) -> str:
+        return health_link_subject(self.link_id)
+
+
+class FailoverEvent(Event):
+    """Node `node` moved its traffic towards `peer` from one path colour to the other."""
+
+    subject_pattern: ClassVar[str] = FAILOVER_ALL
+
+    node: str
+    peer: str
+    from_colour: str
+    to_colour: str
+    at: UtcDatetime
+    reason: str
+
+    @property
+    def subject(self) -> str:
+        return failover_subject(self.node)
+
+
+# Subject pattern -> event model. A consumer decodes any message by its subject through this.
+EVENT_TYPES: Mapping[str, type[Event]] = {
+    TOPOLOGY_CHANGED: TopologyChanged,
+    HEALTH_LINK_ALL: LinkHealthChanged,
+    PATHS_CHANGED: PathsChanged,
+    FAILOVER_ALL: FailoverEvent,
+}
+
+
+class EventDecodeError(ValueError):
+    """A message could not be turned into a typed event. Names the subject and the reason."""
+
+    def __init__(self, subject: str, reason: str) -> None:
+        super().__init__(f"cannot decode event on subject {subject!r}: {reason}")
+        self.subject = subject
+        self.reason = reason
+
+
+class UnknownSubjectError(EventDecodeError):
+    """No event schema is registered for the subject."""
+
+    def __init__(self, subject: str) -> None:
+        super().__init__(subject, "no event schema is registered for this subject")
+
+
+def model_for_subject(subject: str) -> type[Event]:
+    """The event model registered for a concrete subject; `UnknownSubjectError` if none."""
+    for pattern, model in EVENT_TYPES.items():
+        if subject_matches(pattern, subject):
+            return model
+    raise UnknownSubjectError(subject)
+
+
+def encode(event: Event) -> bytes:
+    """The wire form of an event: its JSON."""
+    return event.model_dump_json().encode()
+
+
+def decode(subject: str, data: bytes) -> Event:
+    """Decode a message to the event type registered for its subject.
+
+    Raises `EventDecodeError` (naming the subject) for an unknown subject, a payload that is not
+    a valid event of that type, or an event whose own subject differs from the one it came on.
+    """
+    model = model_for_subject(subject)
+    try:
+        event = model.model_validate_json(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<payload>'}: {err['msg']}"
+            for err in exc.errors()
+        )
+        raise EventDecodeError(subject, f"not a valid {model.__name__}: {problems}") from exc
+    if event.subject != subject:
+        raise EventDecodeError(
+            subject, f"{model.__name__} belongs on {event.subject!r}, not on this subject"
+        )
+    return event
+
+
+__all__ = [
+    "AGENT_REPORT_ALL",
+    "AGENT_REPORT_PREFIX",
+    "DESIRED_STATE_KV",
+    "EVENT_TYPES",
+    "FAILOVER_ALL",
+    "FAILOVER_PREFIX",
+    "HEALTH_LINK_ALL",
+    "HEALTH_LINK_PREFIX",
+    "PATHS_CHANGED",
+    "STREAMS",
+    "STREAM_FAILOVER",
+    "STREAM_HEALTH",
+    "STREAM_PATHS",
+    "STREAM_TOPOLOGY",
+    "TOPOLOGY_CHANGED",
+    "Change",
+    "Event",
+    "EventDecodeError",
+    "FailoverEvent",
+    "KeyValueSpec",
+    "LinkHealthChanged",
+    "PathsChanged",
+    "StreamSpec",
+    "TopologyChanged",
+    "UnknownSubjectError",
+    "UtcDatetime",
+    "agent_report_subject",
+    "decode",
+    "encode",
+    "failover_subject",
+    "health_link_subject",
+    "model_for_subject",
+    "stream_for_subject",
+    "subject_matches",
+    "utcnow",
+]

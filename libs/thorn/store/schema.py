@@ -1,0 +1,135 @@
+"""SQL tables of the topology store (SQLAlchemy 2.0 declarative).
+
+Natural keys (node name, node+port name, VNI number) are the primary keys, because they are
+what the API addresses and what the fabric rules are about. Links get a number that is never
+reused, so failure history can refer to it. Rules that span tables (an address is unique
+across management, port and TEP addresses) are enforced by `thorn.fabric`; the constraints
+here are the backstop.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    String,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAME = 63
+PORT = 64
+ADDR = 64  # the longest IPv6 interface text, with prefix
+
+
+class Base(DeclarativeBase):
+    type_annotation_map: ClassVar[dict[Any, Any]] = {dict[str, Any]: JSON, list[str]: JSON}
+
+
+class Meta(Base):
+    """Counters of the store: `revision` and `next_link_id`."""
+
+    __tablename__ = "meta"
+    key: Mapped[str] = mapped_column(String(32), primary_key=True)
+    value: Mapped[int] = mapped_column(Integer)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+    name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))
+    mgmt_address: Mapped[str | None] = mapped_column(String(ADDR), unique=True)
+    labels: Mapped[dict[str, Any]]
+    admin_state: Mapped[str] = mapped_column(String(16))
+
+
+class PortRow(Base):
+    __tablename__ = "ports"
+    node: Mapped[str] = mapped_column(
+        String(NAME), ForeignKey("nodes.name", ondelete="CASCADE"), primary_key=True
+    )
+    name: Mapped[str] = mapped_column(String(PORT), primary_key=True)
+    mac: Mapped[str | None] = mapped_column(String(17), unique=True)
+    address: Mapped[str | None] = mapped_column(String(ADDR))
+    speed_mbps: Mapped[int | None] = mapped_column(Integer)
+
+
+class LinkRow(Base):
+    __tablename__ = "links"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    a_node: Mapped[str] = mapped_column(String(NAME))
+    a_port: Mapped[str] = mapped_column(String(PORT))
+    b_node: Mapped[str] = mapped_column(String(NAME))
+    b_port: Mapped[str] = mapped_column(String(PORT))
+    srlgs: Mapped[list[str]]
+    admin_state: Mapped[str] = mapped_column(String(16))
+    __table_args__ = (
+        ForeignKeyConstraint(["a_node", "a_port"], ["ports.node", "ports.name"]),
+        ForeignKeyConstraint(["b_node", "b_port"], ["ports.node", "ports.name"]),
+        UniqueConstraint("a_node", "a_port", name="uq_links_a"),
+        UniqueConstraint("b_node", "b_port", name="uq_links_b"),
+    )
+
+
+class TenantRow(Base):
+    __tablename__ = "tenants"
+    name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    description: Mapped[str] = mapped_column(String(1000))
+
+
+class VniRow(Base):
+    __tablename__ = "vnis"
+    vni: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(NAME), unique=True)
+    tenant: Mapped[str] = mapped_column(String(NAME), ForeignKey("tenants.name"))
+
+
+class WorkloadRow(Base):
+    __tablename__ = "workloads"
+    name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    node: Mapped[str] = mapped_column(String(NAME), ForeignKey("nodes.name"))
+    vni: Mapped[int] = mapped_column(Integer, ForeignKey("vnis.vni"))
+    vf: Mapped[str] = mapped_column(String(15))
+    mac: Mapped[str] = mapped_column(String(17))
+    ip: Mapped[str] = mapped_column(String(ADDR))
+    __table_args__ = (
+        UniqueConstraint("node", "vf", name="uq_workloads_vf"),
+        UniqueConstraint("vni", "ip", name="uq_workloads_ip"),
+        UniqueConstraint("vni", "mac", name="uq_workloads_mac"),
+    )
+
+
+class TepRow(Base):
+    __tablename__ = "teps"
+    node: Mapped[str] = mapped_column(String(NAME), ForeignKey("nodes.name"), primary_key=True)
+    colour: Mapped[str] = mapped_column(String(16), primary_key=True)
+    address: Mapped[str] = mapped_column(String(ADDR), unique=True)
+
+
+class TokenRow(Base):
+    __tablename__ = "api_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(NAME), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_by: Mapped[str] = mapped_column(String(NAME))
+
+
+class AuditRow(Base):
+    __tablename__ = "audit_log"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    actor: Mapped[str] = mapped_column(String(NAME))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(256))
+    revision: Mapped[int | None] = mapped_column(Integer)
+    detail: Mapped[dict[str, Any]]
+    __table_args__ = (Index("ix_audit_log_actor", "actor"), Index("ix_audit_log_at", "at"))

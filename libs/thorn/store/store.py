@@ -1,0 +1,469 @@
+"""The topology store: the fabric, API tokens and the audit log in SQL.
+
+SQLite (a file in the data directory) by default, PostgreSQL by URL. Every write is one
+transaction that (1) bumps the topology revision with compare-and-set, so a writer that
+validated against a stale fabric is refused instead of corrupting it, (2) applies the rows,
+and (3) appends an audit entry naming the actor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, delete, event, func, insert, select, text, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from thorn.fabric import Change, EntityKind, Fabric, FabricError
+from thorn.model import (
+    AuditEntry,
+    Link,
+    NodeSpec,
+    PortSpec,
+    Tenant,
+    Tep,
+    TokenPublic,
+    TokenRole,
+    Vni,
+    Workload,
+)
+from thorn.store.schema import (
+    AuditRow,
+    LinkRow,
+    Meta,
+    NodeRow,
+    PortRow,
+    TenantRow,
+    TepRow,
+    TokenRow,
+    VniRow,
+    WorkloadRow,
+)
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+_MIGRATION_LOCK = 0x7468_6F72  # "thor": serialises replicas migrating one PostgreSQL database
+
+_TABLES: dict[EntityKind, Any] = {
+    "node": NodeRow,
+    "port": PortRow,
+    "link": LinkRow,
+    "tenant": TenantRow,
+    "vni": VniRow,
+    "workload": WorkloadRow,
+    "tep": TepRow,
+}
+# Children before parents, so deletes never trip a foreign key.
+_DELETE_ORDER: list[EntityKind] = ["workload", "tep", "link", "port", "node", "vni", "tenant"]
+
+
+class StaleRevision(Exception):
+    """Another writer changed the topology since this write was validated."""
+
+
+def database_url(url: str) -> str:
+    """Pick the async driver for a plain SQLite or PostgreSQL URL."""
+    parsed = make_url(url)
+    if parsed.drivername in ("sqlite", "sqlite+pysqlite"):
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    elif parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed.render_as_string(hide_password=False)
+
+
+def sqlite_url(data_dir: Path) -> str:
+    return f"sqlite+aiosqlite:///{data_dir / 'thorn.db'}"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _iso(value: datetime) -> str:
+    # SQLite hands back naive datetimes; everything the store writes is UTC.
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
+# --- rows <-> models -------------------------------------------------------------------------
+
+
+def _row(change: Change) -> dict[str, Any]:
+    assert change.value is not None
+    data = change.value.model_dump(mode="json")
+    if change.kind == "link":
+        a, b = data.pop("a"), data.pop("b")
+        data.update(a_node=a["node"], a_port=a["port"], b_node=b["node"], b_port=b["port"])
+    return data
+
+
+def _key_filter(kind: EntityKind, key: str) -> list[Any]:
+    if kind == "port":
+        node, _, name = key.partition(":")
+        return [PortRow.node == node, PortRow.name == name]
+    if kind == "tep":
+        node, _, colour = key.partition("/")
+        return [TepRow.node == node, TepRow.colour == colour]
+    if kind == "link":
+        return [LinkRow.id == int(key)]
+    if kind == "vni":
+        return [VniRow.vni == int(key)]
+    table = _TABLES[kind]
+    return [table.name == key]
+
+
+class Store:
+    """Async access to the topology store. Create with `await Store.open(url)`."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.dialect = engine.dialect.name
+
+    @classmethod
+    async def open(cls, url: str, migrate: bool = True) -> Store:
+        url = database_url(url)
+        parsed = make_url(url)
+        if parsed.drivername.startswith("sqlite"):
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_async_engine(url, connect_args={"timeout": 30})
+            _sqlite_pragmas(engine)
+        else:
+            engine = create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+        store = cls(engine)
+        if migrate:
+            await store.migrate()
+        return store
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    async def migrate(self) -> None:
+        async with self.engine.begin() as conn:
+            if self.dialect == "postgresql":
+                await conn.execute(text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"))
+            await conn.run_sync(_upgrade)
+
+    # --- reading ------------------------------------------------------------------------
+
+    async def revision(self) -> int:
+        async with self.engine.connect() as conn:
+            return await _counter(conn, "revision")
+
+    async def load(self) -> Fabric:
+        """The whole fabric as one consistent snapshot, validated again on the way in."""
+        async with self.engine.connect() as conn:
+            if self.dialect == "postgresql":
+                await conn.execution_options(isolation_level="REPEATABLE READ")
+            async with conn.begin():
+                revision = await _counter(conn, "revision")
+                next_link_id = await _counter(conn, "next_link_id")
+                rows = {
+                    kind: (await conn.execute(select(table))).mappings().all()
+                    for kind, table in _TABLES.items()
+                }
+        return await asyncio.to_thread(_build_fabric, rows, revision, next_link_id)
+
+    # --- writing ------------------------------------------------------------------------
+
+    async def commit(
+        self,
+        changes: Sequence[Change],
+        *,
+        expected_revision: int,
+        next_link_id: int,
+        actor: str,
+        action: str,
+        target: str,
+        detail: dict[str, Any],
+    ) -> int:
+        """Apply one validated operation; return the new revision."""
+        async with self._writing() as conn:
+            revision = await _bump(conn, expected_revision)
+            for change in changes:
+                await _apply(conn, change)
+            await _set_counter(conn, "next_link_id", next_link_id)
+            await _audit(conn, actor, action, target, revision, detail)
+        return revision
+
+    async def replace(
+        self, fabric: Fabric, *, expected_revision: int, actor: str, detail: dict[str, Any]
+    ) -> int:
+        """Replace the whole fabric (bulk import) in one transaction; return the revision."""
+        by_kind: dict[EntityKind, list[dict[str, Any]]] = defaultdict(list)
+        for change in fabric.all_changes():
+            by_kind[change.kind].append(_row(change))
+        async with self._writing() as conn:
+            revision = await _bump(conn, expected_revision)
+            for kind in _DELETE_ORDER:
+                await conn.execute(delete(_TABLES[kind]))
+            for kind in reversed(_DELETE_ORDER):
+                if by_kind[kind]:
+                    await conn.execute(insert(_TABLES[kind]), by_kind[kind])
+            await _set_counter(conn, "next_link_id", fabric.next_link_id)
+            await _audit(conn, actor, "fabric.import", "fabric", revision, detail)
+        return revision
+
+    def _writing(self) -> _WriteTransaction:
+        return _WriteTransaction(self.engine)
+
+    # --- tokens -------------------------------------------------------------------------
+
+    async def add_token(
+        self, name: str, role: TokenRole, token_hash: str, actor: str
+    ) -> TokenPublic:
+        row = {
+            "name": name,
+            "role": role.value,
+            "token_hash": token_hash,
+            "created_at": _now(),
+            "created_by": actor,
+        }
+        async with self._writing() as conn:
+            if (await conn.execute(select(TokenRow.id).where(TokenRow.name == name))).first():
+                raise FabricError.one(("name",), f"token '{name}' already exists", "conflict")
+            await conn.execute(insert(TokenRow), row)
+            await _audit(conn, actor, "token.create", name, None, {"role": role.value})
+        return _token_public(row)
+
+    async def put_token(self, name: str, role: TokenRole, token_hash: str, actor: str) -> bool:
+        """Create or re-key a token (the bootstrap admin). Return True when it changed."""
+        async with self._writing() as conn:
+            found = (
+                (await conn.execute(select(TokenRow).where(TokenRow.name == name)))
+                .mappings()
+                .first()
+            )
+            if found and found["token_hash"] == token_hash and found["role"] == role.value:
+                return False
+            if found:
+                await conn.execute(
+                    update(TokenRow)
+                    .where(TokenRow.name == name)
+                    .values(token_hash=token_hash, role=role.value)
+                )
+            else:
+                await conn.execute(
+                    insert(TokenRow),
+                    {
+                        "name": name,
+                        "role": role.value,
+                        "token_hash": token_hash,
+                        "created_at": _now(),
+                        "created_by": actor,
+                    },
+                )
+            await _audit(conn, actor, "token.bootstrap", name, None, {"role": role.value})
+        return True
+
+    async def token_by_hash(self, token_hash: str) -> tuple[str, TokenRole] | None:
+        async with self.engine.connect() as conn:
+            found = (
+                await conn.execute(
+                    select(TokenRow.name, TokenRow.role).where(TokenRow.token_hash == token_hash)
+                )
+            ).first()
+        return (found[0], TokenRole(found[1])) if found else None
+
+    async def has_token(self, name: str) -> bool:
+        async with self.engine.connect() as conn:
+            query = select(TokenRow.id).where(TokenRow.name == name)
+            return (await conn.execute(query)).first() is not None
+
+    async def tokens(self) -> list[TokenPublic]:
+        async with self.engine.connect() as conn:
+            rows = (await conn.execute(select(TokenRow).order_by(TokenRow.name))).mappings()
+            return [_token_public(dict(r)) for r in rows]
+
+    async def delete_token(self, name: str, actor: str) -> bool:
+        async with self._writing() as conn:
+            result = await conn.execute(delete(TokenRow).where(TokenRow.name == name))
+            if not result.rowcount:
+                return False
+            await _audit(conn, actor, "token.delete", name, None, {})
+        return True
+
+    # --- audit --------------------------------------------------------------------------
+
+    async def audit(
+        self,
+        *,
+        limit: int = 100,
+        offset: int = 0,
+        actor: str | None = None,
+        action: str | None = None,
+    ) -> tuple[int, list[AuditEntry]]:
+        where = []
+        if actor is not None:
+            where.append(AuditRow.actor == actor)
+        if action is not None:
+            where.append(AuditRow.action.startswith(action, autoescape=True))
+        async with self.engine.connect() as conn:
+            total = (
+                await conn.execute(select(func.count()).select_from(AuditRow).where(*where))
+            ).scalar_one()
+            rows = (
+                await conn.execute(
+                    select(AuditRow)
+                    .where(*where)
+                    .order_by(AuditRow.id.desc())
+                    .limit(limit)
+                    .offset(offset)
+                )
+            ).mappings()
+            entries = [AuditEntry(**{**dict(r), "at": _iso(r["at"])}) for r in rows]
+        return total, entries
+
+
+class _WriteTransaction:
+    """`async with` one write transaction; a unique-constraint hit becomes a FabricError."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._ctx: Any = None
+
+    async def __aenter__(self) -> AsyncConnection:
+        self._ctx = self._engine.begin()
+        conn: AsyncConnection = await self._ctx.__aenter__()
+        return conn
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await self._ctx.__aexit__(*exc)
+        except IntegrityError as err:
+            raise FabricError.one(
+                (), f"the store refused the write: {err.orig}", "conflict"
+            ) from err
+        if isinstance(exc[1], IntegrityError):
+            raise FabricError.one(
+                (), f"the store refused the write: {exc[1].orig}", "conflict"
+            ) from exc[1]
+
+
+# --- helpers that run inside one transaction ---------------------------------------------
+
+
+async def _counter(conn: AsyncConnection, key: str) -> int:
+    return int((await conn.execute(select(Meta.value).where(Meta.key == key))).scalar_one())
+
+
+async def _set_counter(conn: AsyncConnection, key: str, value: int) -> None:
+    await conn.execute(update(Meta).where(Meta.key == key).values(value=value))
+
+
+async def _bump(conn: AsyncConnection, expected: int) -> int:
+    result = await conn.execute(
+        update(Meta)
+        .where(Meta.key == "revision", Meta.value == expected)
+        .values(value=Meta.value + 1)
+    )
+    if result.rowcount != 1:
+        raise StaleRevision(f"the topology is no longer at revision {expected}")
+    return expected + 1
+
+
+async def _apply(conn: AsyncConnection, change: Change) -> None:
+    table = _TABLES[change.kind]
+    if change.op == "create":
+        await conn.execute(insert(table), _row(change))
+    elif change.op == "update":
+        await conn.execute(
+            update(table).where(*_key_filter(change.kind, change.key)).values(**_row(change))
+        )
+    else:
+        await conn.execute(delete(table).where(*_key_filter(change.kind, change.key)))
+
+
+async def _audit(
+    conn: AsyncConnection,
+    actor: str,
+    action: str,
+    target: str,
+    revision: int | None,
+    detail: dict[str, Any],
+) -> None:
+    await conn.execute(
+        insert(AuditRow),
+        {
+            "at": _now(),
+            "actor": actor,
+            "action": action,
+            "target": target[:256],
+            "revision": revision,
+            "detail": detail,
+        },
+    )
+
+
+def _token_public(row: dict[str, Any]) -> TokenPublic:
+    return TokenPublic(
+        name=row["name"],
+        role=TokenRole(row["role"]),
+        created_at=_iso(row["created_at"]),
+        created_by=row["created_by"],
+    )
+
+
+def _build_fabric(
+    rows: dict[EntityKind, Sequence[Any]], revision: int, next_link_id: int
+) -> Fabric:
+    fabric = Fabric(revision, next_link_id)
+    ports: dict[str, list[PortSpec]] = defaultdict(list)
+    for r in rows["port"]:
+        ports[r["node"]].append(
+            PortSpec.model_validate({k: v for k, v in r.items() if k != "node"})
+        )
+    for r in rows["tenant"]:
+        fabric.add_tenant(Tenant.model_validate(dict(r)))
+    for r in rows["vni"]:
+        fabric.add_vni(Vni.model_validate(dict(r)))
+    for r in rows["node"]:
+        fabric.add_node(NodeSpec.model_validate({**r, "ports": ports[r["name"]]}))
+    for r in sorted(rows["link"], key=lambda r: r["id"]):
+        link = Link.model_validate(
+            {
+                "id": r["id"],
+                "a": {"node": r["a_node"], "port": r["a_port"]},
+                "b": {"node": r["b_node"], "port": r["b_port"]},
+                "srlgs": r["srlgs"],
+                "admin_state": r["admin_state"],
+            }
+        )
+        fabric.add_link(link, link_id=link.id)
+    for r in rows["tep"]:
+        fabric.add_tep(Tep.model_validate(dict(r)))
+    for r in rows["workload"]:
+        fabric.add_workload(Workload.model_validate(dict(r)))
+    fabric.next_link_id = max(fabric.next_link_id, next_link_id)
+    return fabric
+
+
+def _upgrade(conn: Connection) -> None:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = conn
+    command.upgrade(config, "head")
+
+
+def _sqlite_pragmas(engine: AsyncEngine) -> None:
+    """Foreign keys on, WAL for concurrent readers, and real BEGINs for snapshot reads."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below drive transactions
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN")

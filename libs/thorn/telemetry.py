@@ -1,0 +1,68 @@
+"""Structured logs (structlog) and Prometheus metrics, shared by every service."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import structlog
+from fastapi import FastAPI, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+
+HTTP_REQUESTS = Counter(
+    "thorn_http_requests_total", "HTTP requests", ["service", "method", "route", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "thorn_http_request_seconds",
+    "HTTP request latency",
+    ["service", "method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+
+
+def configure_logging(level: str = "info", fmt: str = "json") -> None:
+    renderer: structlog.types.Processor = (
+        structlog.processors.JSONRenderer()
+        if fmt == "json"
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )
+
+
+def instrument(app: FastAPI, service: str) -> None:
+    """Count and time every request by route template; serve /metrics and /healthz."""
+
+    @app.middleware("http")
+    async def _measure(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        start = time.perf_counter()
+        response = await call_next(request)
+        route = request.scope.get("route")
+        template = getattr(route, "path", "unmatched")
+        HTTP_LATENCY.labels(service, request.method, template).observe(time.perf_counter() - start)
+        HTTP_REQUESTS.labels(service, request.method, template, response.status_code).inc()
+        return response
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": service}

@@ -1,0 +1,152 @@
+"""What every service's HTTP edge shares: error mapping, body limits and pagination.
+
+Domain errors become 4xx with a message that names the field; nothing reaches a 500 for bad
+input. The body limit is enforced while the body streams in, so a liar's Content-Length
+cannot slip a large payload past it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any, Generic, TypeVar
+
+from fastapi import FastAPI, Query, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from thorn.fabric import FabricError, NotFound
+
+T = TypeVar("T")
+
+
+class ErrorItem(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx body: `detail` is one readable line; `errors` lists each broken field."""
+
+    detail: str
+    errors: list[ErrorItem] = Field(default_factory=list)
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422)
+}
+
+
+class Page(BaseModel, Generic[T]):
+    items: list[T]
+    total: int
+    limit: int
+    offset: int
+
+
+class PageParams(BaseModel):
+    limit: int = Field(100, ge=1, le=1000, description="page size")
+    offset: int = Field(0, ge=0, description="items to skip")
+
+
+PageQuery = Annotated[PageParams, Query()]
+
+
+def paginate(items: Sequence[T], page: PageParams) -> Page[T]:
+    return Page(
+        items=list(items[page.offset : page.offset + page.limit]),
+        total=len(items),
+        limit=page.limit,
+        offset=page.offset,
+    )
+
+
+def _where(loc: Sequence[str | int]) -> str:
+    return ".".join(str(p) for p in loc) or "request"
+
+
+def _error(code: int, items: list[ErrorItem]) -> JSONResponse:
+    head = "; ".join(f"{_where(i.loc)}: {i.msg}" for i in items[:3])
+    more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
+    body = ErrorBody(detail=head + more, errors=items)
+    return JSONResponse(body.model_dump(), status_code=code)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        items = [
+            ErrorItem(loc=list(e.get("loc", ())), msg=str(e.get("msg", "")), type=e["type"])
+            for e in exc.errors()
+        ]
+        malformed = any(i.type == "json_invalid" for i in items)
+        return _error(400 if malformed else 422, items)
+
+    @app.exception_handler(FabricError)
+    async def _fabric(_: Request, exc: FabricError) -> JSONResponse:
+        items = [ErrorItem(loc=["body", *i.loc], msg=i.msg, type=i.kind) for i in exc.issues]
+        conflict = any(i.kind == "conflict" for i in exc.issues)
+        return _error(409 if conflict else 422, items)
+
+    @app.exception_handler(NotFound)
+    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
+        return _error(404, [ErrorItem(loc=["path"], msg=str(exc), type="not_found")])
+
+
+class BodyLimit:
+    """ASGI middleware: refuse bodies over a limit (per path prefix) with 413."""
+
+    def __init__(self, app: ASGIApp, default: int, large: dict[str, int]) -> None:
+        self.app = app
+        self.default = default
+        self.large = large
+
+    def limit_for(self, path: str) -> int:
+        for prefix, limit in self.large.items():
+            if path.startswith(prefix):
+                return limit
+        return self.default
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        declared = dict(scope.get("headers", [])).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _too_large(limit, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await _too_large(limit, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(limit: int, send: Send) -> None:
+    body = ErrorBody(
+        detail=f"request body is larger than this endpoint's limit of {limit} bytes",
+        errors=[ErrorItem(loc=["body"], msg=f"larger than {limit} bytes", type="too_large")],
+    )
+    response = JSONResponse(body.model_dump(), status_code=status.HTTP_413_CONTENT_TOO_LARGE)
+    await response({"type": "http"}, _empty_receive, send)
+
+
+async def _empty_receive() -> Message:
+    return {"type": "http.disconnect"}

@@ -1,0 +1,624 @@
+"""REST routes of the topology service, under /api/v1. Each route is a thin call into
+`TopologyService`; the fabric rules live in `thorn.fabric`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from pydantic import BaseModel
+
+from thorn import clab, generators
+from thorn.auth import Admin, Operator, Principal, Viewer, hash_token, new_token
+from thorn.fabric import Change, Fabric, NotFound
+from thorn.model import (
+    AdminState,
+    AuditEntry,
+    Colour,
+    FabricDocument,
+    FabricSummary,
+    Link,
+    LinkSpec,
+    LinkUpdate,
+    Node,
+    NodeSpec,
+    NodeUpdate,
+    Port,
+    PortSpec,
+    PortUpdate,
+    Role,
+    Tenant,
+    TenantUpdate,
+    Tep,
+    TokenCreate,
+    TokenCreated,
+    TokenPublic,
+    Vni,
+    Workload,
+)
+from thorn.web import ERROR_RESPONSES, Page, PageQuery, paginate
+from thorn_topology.service import TopologyService
+
+T = TypeVar("T")
+
+
+def get_service(request: Request) -> TopologyService:
+    service: TopologyService = request.app.state.topology
+    return service
+
+
+Service = Annotated[TopologyService, Depends(get_service)]
+NodeName = Annotated[str, Path(description="node name")]
+PortPath = Annotated[str, Path(description="port name (may contain '/')")]
+
+
+class WriteResult(BaseModel):
+    revision: int
+
+
+class ImportResult(BaseModel):
+    dry_run: bool
+    summary: FabricSummary
+    warnings: list[str] = []
+
+
+router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
+
+
+async def _read(service: TopologyService, fn: Callable[[Fabric], T]) -> T:
+    async with service.reading() as fabric:
+        return fn(fabric)
+
+
+def _sorted(items: Sequence[T], key: Callable[[T], Any]) -> list[T]:
+    return sorted(items, key=key)
+
+
+# --- whoami, fabric, import, export, generators -------------------------------------------
+
+
+class WhoAmI(BaseModel):
+    name: str
+    role: str
+
+
+@router.get("/whoami", tags=["auth"], response_model=WhoAmI)
+async def whoami(principal: Viewer) -> WhoAmI:
+    return WhoAmI(name=principal.name, role=principal.role.value)
+
+
+@router.get("/fabric/summary", tags=["fabric"], response_model=FabricSummary)
+async def fabric_summary(_: Viewer, service: Service) -> FabricSummary:
+    return await _read(service, Fabric.summary)
+
+
+@router.get(
+    "/fabric",
+    tags=["fabric"],
+    response_model=FabricDocument,
+    summary="The whole topology (the export document)",
+)
+async def fabric_export(_: Viewer, service: Service) -> Response:
+    return Response(await service.document_json(), media_type="application/json")
+
+
+@router.post("/fabric/import", tags=["fabric"], response_model=ImportResult)
+async def fabric_import(
+    principal: Admin,
+    service: Service,
+    document: FabricDocument,
+    dry_run: Annotated[bool, Query(description="validate only; change nothing")] = False,
+) -> ImportResult:
+    """Replace the whole fabric with `document`, all or nothing."""
+    summary = await service.replace(principal, document, dry_run=dry_run, source="import")
+    return ImportResult(dry_run=dry_run, summary=summary)
+
+
+@router.post(
+    "/fabric/import/containerlab",
+    tags=["fabric"],
+    response_model=ImportResult,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/yaml": {"schema": {"type": "string"}}},
+            "description": "a containerlab topology file (.clab.yml)",
+        }
+    },
+)
+async def fabric_import_containerlab(
+    principal: Admin,
+    service: Service,
+    request: Request,
+    dry_run: Annotated[bool, Query(description="validate only; change nothing")] = False,
+) -> ImportResult:
+    """Replace the whole fabric with the nodes and links of a containerlab file."""
+    raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPException(400, f"body: containerlab file is not UTF-8 ({exc.reason})") from exc
+    try:
+        result = clab.parse_clab(text)
+    except clab.ClabError as exc:
+        raise HTTPException(422, f"{exc.loc}: {exc.message}" if exc.loc else exc.message) from exc
+    summary = await service.replace(principal, result.document, dry_run=dry_run, source="clab")
+    return ImportResult(dry_run=dry_run, summary=summary, warnings=result.warnings)
+
+
+def _generator_route(name: str, params_model: type[BaseModel]) -> None:
+    async def generate(
+        principal: Admin,
+        service: Service,
+        params: BaseModel,
+        dry_run: Annotated[bool, Query(description="validate only; change nothing")] = False,
+    ) -> ImportResult:
+        try:
+            document = generators.generate(name, params.model_dump())
+        except ValueError as exc:
+            raise HTTPException(422, f"body: {exc}") from exc
+        summary = await service.replace(principal, document, dry_run=dry_run, source=name)
+        return ImportResult(dry_run=dry_run, summary=summary)
+
+    # The body's model differs per generator: give FastAPI the concrete class for OpenAPI.
+    generate.__annotations__["params"] = params_model
+    generate.__name__ = f"generate_{name}"
+    router.post(
+        f"/fabric/generate/{name.replace('_', '-')}",
+        tags=["fabric"],
+        response_model=ImportResult,
+        summary=f"Replace the fabric with a generated {name} topology",
+    )(generate)
+
+
+for _name, (_fn, _params) in generators.GENERATORS.items():
+    _generator_route(_name, _params)
+
+
+# --- nodes and ports -------------------------------------------------------------------
+
+
+@router.get("/nodes", tags=["nodes"], response_model=Page[Node])
+async def list_nodes(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    role: Role | None = None,
+    admin_state: AdminState | None = None,
+    label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
+    name_prefix: str | None = None,
+) -> Page[Node]:
+    wanted: list[tuple[str, str]] = []
+    for item in label:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise HTTPException(422, f"query.label: '{item}' is not key=value")
+        wanted.append((key, value))
+
+    def select(f: Fabric) -> list[Node]:
+        return [
+            n
+            for n in f.nodes.values()
+            if (role is None or n.role is role)
+            and (admin_state is None or n.admin_state is admin_state)
+            and (name_prefix is None or n.name.startswith(name_prefix))
+            and all(n.labels.get(k) == v for k, v in wanted)
+        ]
+
+    return paginate(_sorted(await _read(service, select), lambda n: n.name), page)
+
+
+@router.post("/nodes", tags=["nodes"], response_model=NodeSpec, status_code=201)
+async def create_node(principal: Admin, service: Service, node: NodeSpec) -> NodeSpec:
+    await service.write(
+        principal,
+        "node.create",
+        node.name,
+        lambda f: f.add_node(node),
+        node.model_dump(mode="json"),
+    )
+    return await _read(service, lambda f: _node_spec(f, node.name))
+
+
+def _node_spec(f: Fabric, name: str) -> NodeSpec:
+    node = f.node(name)
+    ports = [
+        PortSpec(**f.ports[(name, p)].model_dump(exclude={"node"})) for p in f.node_ports[name]
+    ]
+    return NodeSpec(**node.model_dump(), ports=ports)
+
+
+@router.get("/nodes/{name}", tags=["nodes"], response_model=NodeSpec)
+async def get_node(_: Viewer, service: Service, name: NodeName) -> NodeSpec:
+    return await _read(service, lambda f: _node_spec(f, name))
+
+
+@router.patch("/nodes/{name}", tags=["nodes"], response_model=Node)
+async def update_node(
+    principal: Admin, service: Service, name: NodeName, update: NodeUpdate
+) -> Node:
+    await service.write(
+        principal,
+        "node.update",
+        name,
+        lambda f: f.update_node(name, update),
+        update.model_dump(mode="json", exclude_unset=True),
+    )
+    return await _read(service, lambda f: f.node(name))
+
+
+@router.delete("/nodes/{name}", tags=["nodes"], response_model=WriteResult)
+async def delete_node(
+    principal: Admin,
+    service: Service,
+    name: NodeName,
+    cascade: Annotated[bool, Query(description="also delete its links, workloads, TEPs")] = False,
+) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "node.delete", name, lambda f: f.delete_node(name, cascade), {"cascade": cascade}
+    )
+    return WriteResult(revision=revision)
+
+
+@router.get("/ports", tags=["ports"], response_model=Page[Port])
+async def list_ports(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    node: str | None = None,
+    linked: Annotated[bool | None, Query(description="only ports in (or not in) a link")] = None,
+) -> Page[Port]:
+    def select(f: Fabric) -> list[Port]:
+        return [
+            p
+            for key, p in f.ports.items()
+            if (node is None or p.node == node)
+            and (linked is None or (key in f.link_of_port) == linked)
+        ]
+
+    return paginate(_sorted(await _read(service, select), lambda p: (p.node, p.name)), page)
+
+
+@router.get("/nodes/{name}/ports", tags=["ports"], response_model=Page[Port])
+async def list_node_ports(
+    _: Viewer, service: Service, name: NodeName, page: PageQuery
+) -> Page[Port]:
+    def select(f: Fabric) -> list[Port]:
+        f.node(name)
+        return [f.ports[(name, p)] for p in f.node_ports[name]]
+
+    return paginate(await _read(service, select), page)
+
+
+@router.post("/nodes/{name}/ports", tags=["ports"], response_model=Port, status_code=201)
+async def create_port(principal: Admin, service: Service, name: NodeName, port: PortSpec) -> Port:
+    await service.write(
+        principal,
+        "port.create",
+        f"{name}:{port.name}",
+        lambda f: f.add_port(name, port),
+        port.model_dump(mode="json"),
+    )
+    return await _read(service, lambda f: f.port(name, port.name))
+
+
+@router.get("/nodes/{name}/ports/{port:path}", tags=["ports"], response_model=Port)
+async def get_port(_: Viewer, service: Service, name: NodeName, port: PortPath) -> Port:
+    return await _read(service, lambda f: f.port(name, port))
+
+
+@router.patch("/nodes/{name}/ports/{port:path}", tags=["ports"], response_model=Port)
+async def update_port(
+    principal: Admin, service: Service, name: NodeName, port: PortPath, update: PortUpdate
+) -> Port:
+    await service.write(
+        principal,
+        "port.update",
+        f"{name}:{port}",
+        lambda f: f.update_port(name, port, update),
+        update.model_dump(mode="json", exclude_unset=True),
+    )
+    return await _read(service, lambda f: f.port(name, port))
+
+
+@router.delete("/nodes/{name}/ports/{port:path}", tags=["ports"], response_model=WriteResult)
+async def delete_port(
+    principal: Admin, service: Service, name: NodeName, port: PortPath
+) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "port.delete", f"{name}:{port}", lambda f: f.delete_port(name, port)
+    )
+    return WriteResult(revision=revision)
+
+
+# --- links -------------------------------------------------------------------------------
+
+
+@router.get("/links", tags=["links"], response_model=Page[Link])
+async def list_links(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    node: Annotated[str | None, Query(description="links with an end on this node")] = None,
+    admin_state: AdminState | None = None,
+    srlg: Annotated[str | None, Query(description="links in this SRLG")] = None,
+) -> Page[Link]:
+    def select(f: Fabric) -> list[Link]:
+        return [
+            lk
+            for lk in f.links.values()
+            if (node is None or node in (lk.a.node, lk.b.node))
+            and (admin_state is None or lk.admin_state is admin_state)
+            and (srlg is None or srlg in lk.srlgs)
+        ]
+
+    return paginate(_sorted(await _read(service, select), lambda lk: lk.id), page)
+
+
+def _created_link(changes: list[Change]) -> int:
+    return int(changes[0].key)
+
+
+@router.post("/links", tags=["links"], response_model=Link, status_code=201)
+async def create_link(principal: Admin, service: Service, link: LinkSpec) -> Link:
+    _, changes = await service.write(
+        principal,
+        "link.create",
+        f"{link.a}--{link.b}",
+        lambda f: f.add_link(link),
+        link.model_dump(mode="json"),
+    )
+    link_id = _created_link(changes)
+    return await _read(service, lambda f: f.link(link_id))
+
+
+@router.get("/links/{link_id}", tags=["links"], response_model=Link)
+async def get_link(_: Viewer, service: Service, link_id: int) -> Link:
+    return await _read(service, lambda f: f.link(link_id))
+
+
+@router.patch("/links/{link_id}", tags=["links"], response_model=Link)
+async def update_link(principal: Admin, service: Service, link_id: int, update: LinkUpdate) -> Link:
+    await service.write(
+        principal,
+        "link.update",
+        str(link_id),
+        lambda f: f.update_link(link_id, update),
+        update.model_dump(mode="json", exclude_unset=True),
+    )
+    return await _read(service, lambda f: f.link(link_id))
+
+
+async def _set_link_state(
+    principal: Principal, service: TopologyService, link_id: int, state: AdminState, action: str
+) -> Link:
+    update = LinkUpdate(admin_state=state)
+    await service.write(principal, action, str(link_id), lambda f: f.update_link(link_id, update))
+    return await _read(service, lambda f: f.link(link_id))
+
+
+@router.post("/links/{link_id}/drain", tags=["links"], response_model=Link)
+async def drain_link(principal: Operator, service: Service, link_id: int) -> Link:
+    """Mark a link drained: path computation moves traffic off it (operator role)."""
+    return await _set_link_state(principal, service, link_id, AdminState.drained, "link.drain")
+
+
+@router.post("/links/{link_id}/undrain", tags=["links"], response_model=Link)
+async def undrain_link(principal: Operator, service: Service, link_id: int) -> Link:
+    """Return a drained link to service (operator role)."""
+    return await _set_link_state(principal, service, link_id, AdminState.up, "link.undrain")
+
+
+@router.delete("/links/{link_id}", tags=["links"], response_model=WriteResult)
+async def delete_link(principal: Admin, service: Service, link_id: int) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "link.delete", str(link_id), lambda f: f.delete_link(link_id)
+    )
+    return WriteResult(revision=revision)
+
+
+# --- tenants, VNIs, workloads, TEPs ------------------------------------------------------
+
+
+@router.get("/tenants", tags=["tenants"], response_model=Page[Tenant])
+async def list_tenants(_: Viewer, service: Service, page: PageQuery) -> Page[Tenant]:
+    items = await _read(service, lambda f: list(f.tenants.values()))
+    return paginate(_sorted(items, lambda t: t.name), page)
+
+
+@router.post("/tenants", tags=["tenants"], response_model=Tenant, status_code=201)
+async def create_tenant(principal: Admin, service: Service, tenant: Tenant) -> Tenant:
+    await service.write(
+        principal,
+        "tenant.create",
+        tenant.name,
+        lambda f: f.add_tenant(tenant),
+        tenant.model_dump(mode="json"),
+    )
+    return tenant
+
+
+@router.get("/tenants/{name}", tags=["tenants"], response_model=Tenant)
+async def get_tenant(_: Viewer, service: Service, name: str) -> Tenant:
+    return await _read(service, lambda f: f.tenant(name))
+
+
+@router.patch("/tenants/{name}", tags=["tenants"], response_model=Tenant)
+async def update_tenant(
+    principal: Admin, service: Service, name: str, update: TenantUpdate
+) -> Tenant:
+    await service.write(
+        principal,
+        "tenant.update",
+        name,
+        lambda f: f.update_tenant(name, update),
+        update.model_dump(mode="json"),
+    )
+    return await _read(service, lambda f: f.tenant(name))
+
+
+@router.delete("/tenants/{name}", tags=["tenants"], response_model=WriteResult)
+async def delete_tenant(principal: Admin, service: Service, name: str) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "tenant.delete", name, lambda f: f.delete_tenant(name)
+    )
+    return WriteResult(revision=revision)
+
+
+@router.get("/vnis", tags=["vnis"], response_model=Page[Vni])
+async def list_vnis(
+    _: Viewer, service: Service, page: PageQuery, tenant: str | None = None
+) -> Page[Vni]:
+    items = await _read(
+        service, lambda f: [v for v in f.vnis.values() if tenant is None or v.tenant == tenant]
+    )
+    return paginate(_sorted(items, lambda v: v.vni), page)
+
+
+@router.post("/vnis", tags=["vnis"], response_model=Vni, status_code=201)
+async def create_vni(principal: Admin, service: Service, vni: Vni) -> Vni:
+    await service.write(
+        principal, "vni.create", str(vni.vni), lambda f: f.add_vni(vni), vni.model_dump(mode="json")
+    )
+    return vni
+
+
+@router.get("/vnis/{vni}", tags=["vnis"], response_model=Vni)
+async def get_vni(_: Viewer, service: Service, vni: int) -> Vni:
+    return await _read(service, lambda f: f.vni(vni))
+
+
+@router.delete("/vnis/{vni}", tags=["vnis"], response_model=WriteResult)
+async def delete_vni(principal: Admin, service: Service, vni: int) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "vni.delete", str(vni), lambda f: f.delete_vni(vni)
+    )
+    return WriteResult(revision=revision)
+
+
+@router.get("/workloads", tags=["workloads"], response_model=Page[Workload])
+async def list_workloads(
+    _: Viewer, service: Service, page: PageQuery, node: str | None = None, vni: int | None = None
+) -> Page[Workload]:
+    items = await _read(
+        service,
+        lambda f: [
+            w
+            for w in f.workloads.values()
+            if (node is None or w.node == node) and (vni is None or w.vni == vni)
+        ],
+    )
+    return paginate(_sorted(items, lambda w: w.name), page)
+
+
+@router.post("/workloads", tags=["workloads"], response_model=Workload, status_code=201)
+async def create_workload(principal: Admin, service: Service, workload: Workload) -> Workload:
+    await service.write(
+        principal,
+        "workload.create",
+        workload.name,
+        lambda f: f.add_workload(workload),
+        workload.model_dump(mode="json"),
+    )
+    return workload
+
+
+@router.get("/workloads/{name}", tags=["workloads"], response_model=Workload)
+async def get_workload(_: Viewer, service: Service, name: str) -> Workload:
+    return await _read(service, lambda f: f.workload(name))
+
+
+@router.delete("/workloads/{name}", tags=["workloads"], response_model=WriteResult)
+async def delete_workload(principal: Admin, service: Service, name: str) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "workload.delete", name, lambda f: f.delete_workload(name)
+    )
+    return WriteResult(revision=revision)
+
+
+@router.get("/teps", tags=["teps"], response_model=Page[Tep])
+async def list_teps(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    node: str | None = None,
+    colour: Colour | None = None,
+) -> Page[Tep]:
+    items = await _read(
+        service,
+        lambda f: [
+            t
+            for t in f.teps.values()
+            if (node is None or t.node == node) and (colour is None or t.colour is colour)
+        ],
+    )
+    return paginate(_sorted(items, lambda t: (t.node, t.colour.value)), page)
+
+
+@router.post("/teps", tags=["teps"], response_model=Tep, status_code=201)
+async def create_tep(principal: Admin, service: Service, tep: Tep) -> Tep:
+    await service.write(
+        principal,
+        "tep.create",
+        f"{tep.node}/{tep.colour.value}",
+        lambda f: f.add_tep(tep),
+        tep.model_dump(mode="json"),
+    )
+    return tep
+
+
+@router.get("/teps/{node}/{colour}", tags=["teps"], response_model=Tep)
+async def get_tep(_: Viewer, service: Service, node: str, colour: Colour) -> Tep:
+    return await _read(service, lambda f: f.tep(node, colour))
+
+
+@router.delete("/teps/{node}/{colour}", tags=["teps"], response_model=WriteResult)
+async def delete_tep(principal: Admin, service: Service, node: str, colour: Colour) -> WriteResult:
+    revision, _ = await service.write(
+        principal, "tep.delete", f"{node}/{colour.value}", lambda f: f.delete_tep(node, colour)
+    )
+    return WriteResult(revision=revision)
+
+
+# --- tokens and audit --------------------------------------------------------------------
+
+
+@router.get("/tokens", tags=["auth"], response_model=list[TokenPublic])
+async def list_tokens(_: Admin, service: Service) -> list[TokenPublic]:
+    return await service.store.tokens()
+
+
+@router.post("/tokens", tags=["auth"], response_model=TokenCreated, status_code=201)
+async def create_token(principal: Admin, service: Service, request: TokenCreate) -> TokenCreated:
+    """Create a token; the secret is in this response only."""
+    secret = new_token()
+    public = await service.store.add_token(
+        request.name, request.role, hash_token(secret), principal.name
+    )
+    return TokenCreated(**public.model_dump(), token=secret)
+
+
+@router.delete("/tokens/{name}", tags=["auth"], response_model=WriteResult)
+async def delete_token(principal: Admin, service: Service, name: str) -> WriteResult:
+    if name == principal.name:
+        raise HTTPException(409, "path.name: a token cannot revoke itself")
+    if not await service.store.delete_token(name, principal.name):
+        raise NotFound(f"token '{name}' not found")
+    return WriteResult(revision=await service.store.revision())
+
+
+@router.get("/audit", tags=["auth"], response_model=Page[AuditEntry])
+async def list_audit(
+    _: Operator,
+    service: Service,
+    page: PageQuery,
+    actor: str | None = None,
+    action: Annotated[
+        str | None, Query(description="prefix, e.g. 'link.' or 'node.create'")
+    ] = None,
+) -> Page[AuditEntry]:
+    total, items = await service.store.audit(
+        limit=page.limit, offset=page.offset, actor=actor, action=action
+    )
+    return Page(items=items, total=total, limit=page.limit, offset=page.offset)

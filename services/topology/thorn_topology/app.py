@@ -1,0 +1,83 @@
+"""The topology service's app factory: settings in, a FastAPI app out (nothing at import)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import structlog
+from fastapi import FastAPI
+
+from thorn.auth import BOOTSTRAP_TOKEN_NAME, hash_token, new_token
+from thorn.bus import Bus
+from thorn.config import Settings
+from thorn.model import TokenRole
+from thorn.store import Store
+from thorn.telemetry import instrument
+from thorn.web import BodyLimit, install_error_handlers
+from thorn_topology.api import router
+from thorn_topology.service import TopologyService
+
+log = structlog.get_logger("thorn.topology")
+IMPORT_PATHS = "/api/v1/fabric/import"
+
+
+async def bootstrap_admin(store: Store, settings: Settings) -> str | None:
+    """Install the bootstrap admin token; return a newly generated secret, if one was made."""
+    if settings.admin_token is not None:
+        secret = settings.admin_token.get_secret_value()
+        await store.put_token(BOOTSTRAP_TOKEN_NAME, TokenRole.admin, hash_token(secret), "system")
+        return None
+    if await store.has_token(BOOTSTRAP_TOKEN_NAME):
+        return None
+    secret = new_token()
+    await store.put_token(BOOTSTRAP_TOKEN_NAME, TokenRole.admin, hash_token(secret), "system")
+    return secret
+
+
+def create_app(
+    settings: Settings, *, store: Store | None = None, bus: Bus | None = None
+) -> FastAPI:
+    """Build the app. A given store or bus is used as is (tests); else they are opened here."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            the_store = store
+            if the_store is None:
+                the_store = await Store.open(settings.db_url)
+                stack.push_async_callback(the_store.close)
+            the_bus = bus
+            if the_bus is None:
+                the_bus = await Bus.connect(settings.nats_url, name="thorn-topology")
+                stack.push_async_callback(the_bus.close)
+                await the_bus.ensure_streams()
+            generated = await bootstrap_admin(the_store, settings)
+            if generated is not None:
+                # Printed once, on the run that created it; only its hash is stored.
+                print(
+                    f"\nTHORN bootstrap admin token (shown once, store it now): {generated}\n",
+                    flush=True,
+                )
+            app.state.topology = TopologyService(the_store, the_bus)
+            app.state.token_lookup = the_store.token_by_hash
+            log.info(
+                "topology_ready", database=the_store.dialect, revision=await the_store.revision()
+            )
+            yield
+
+    app = FastAPI(
+        title="THORN topology",
+        version="0.1.0",
+        description="Fabric topology store: nodes, ports, links, tenants, workloads, TEPs.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    instrument(app, "topology")
+    app.include_router(router)
+    app.add_middleware(
+        BodyLimit,
+        default=settings.max_body_bytes,
+        large={IMPORT_PATHS: settings.max_import_bytes},
+    )
+    return app

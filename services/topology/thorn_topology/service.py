@@ -1,0 +1,170 @@
+"""The topology service's shell around the pure `Fabric`: snapshot, writes, events.
+
+Reads are served from an in-memory snapshot of the store, refreshed whenever the store's
+revision moves (another replica may have written). A write validates against the snapshot,
+commits with compare-and-set on the revision, and only then announces `topology.changed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import structlog
+from prometheus_client import Counter, Gauge
+
+from thorn.auth import Principal
+from thorn.events import Change as EventChange
+from thorn.events import TopologyChanged, utcnow
+from thorn.fabric import Change, Fabric, FabricError, NotFound
+from thorn.model import FabricDocument, FabricSummary
+from thorn.store import StaleRevision, Store
+
+log = structlog.get_logger("thorn.topology")
+
+REVISION = Gauge("thorn_topology_revision", "Topology revision this replica serves")
+WRITES = Counter("thorn_topology_writes_total", "Committed topology writes", ["action"])
+REJECTED = Counter("thorn_topology_rejected_total", "Writes refused by fabric rules", ["action"])
+ANNOUNCE_ERRORS = Counter(
+    "thorn_topology_announce_errors_total", "topology.changed events that could not be published"
+)
+# Events carry at most this many change entries; bigger writes are summarised.
+MAX_EVENT_CHANGES = 500
+WRITE_ATTEMPTS = 3
+
+Operation = Callable[[Fabric], list[Change]]
+
+
+class Publisher(Protocol):
+    async def publish(self, event: TopologyChanged, *, msg_id: str | None = None) -> int | None: ...
+
+
+class TopologyService:
+    def __init__(self, store: Store, bus: Publisher | None) -> None:
+        self.store = store
+        self.bus = bus
+        self._fabric: Fabric | None = None
+        self._lock = asyncio.Lock()
+        self._document: tuple[int, bytes] | None = None
+
+    async def _fresh(self) -> Fabric:
+        revision = await self.store.revision()
+        if self._fabric is None or self._fabric.revision != revision:
+            self._fabric = await self.store.load()
+            REVISION.set(self._fabric.revision)
+        return self._fabric
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[Fabric]:
+        """The current fabric, for synchronous reads only (do not keep it)."""
+        async with self._lock:
+            yield await self._fresh()
+
+    async def document_json(self) -> bytes:
+        """The whole fabric as an export document, serialised once per revision."""
+        async with self._lock:
+            fabric = await self._fresh()
+            if self._document is None or self._document[0] != fabric.revision:
+                body = await asyncio.to_thread(_dump, fabric.to_document())
+                self._document = (fabric.revision, body)
+            return self._document[1]
+
+    async def write(
+        self,
+        principal: Principal,
+        action: str,
+        target: str,
+        operation: Operation,
+        detail: dict[str, Any] | None = None,
+    ) -> tuple[int, list[Change]]:
+        """Validate and apply one operation; return the new revision and its changes."""
+        for _ in range(WRITE_ATTEMPTS):
+            async with self._lock:
+                fabric = await self._fresh()
+                try:
+                    changes = operation(fabric)
+                except (FabricError, NotFound):
+                    REJECTED.labels(action).inc()
+                    raise  # the fabric rejected it before changing anything
+                except BaseException:
+                    self._fabric = None
+                    raise
+                try:
+                    revision = await self.store.commit(
+                        changes,
+                        expected_revision=fabric.revision,
+                        next_link_id=fabric.next_link_id,
+                        actor=principal.name,
+                        action=action,
+                        target=target,
+                        detail=detail or {},
+                    )
+                except StaleRevision:
+                    self._fabric = None  # another replica wrote first: reload, validate again
+                    continue
+                except BaseException:
+                    self._fabric = None
+                    raise
+                fabric.revision = revision
+                REVISION.set(revision)
+            WRITES.labels(action).inc()
+            await self._announce(revision, principal, [c.summary for c in changes])
+            return revision, changes
+        raise FabricError.one((), "the topology kept changing under this write; retry", "conflict")
+
+    async def replace(
+        self, principal: Principal, doc: FabricDocument, *, dry_run: bool, source: str
+    ) -> FabricSummary:
+        """Validate a whole fabric and, unless `dry_run`, make it the topology (all or nothing)."""
+        async with self._lock:
+            current = await self._fresh()
+            try:
+                new = await asyncio.to_thread(
+                    Fabric.from_document, doc, current.revision, current.next_link_id
+                )
+            except FabricError:
+                REJECTED.labels("fabric.import").inc()
+                raise
+            if dry_run:
+                return new.summary()
+            detail = {"source": source, **new.summary().model_dump(exclude={"revision"})}
+            try:
+                revision = await self.store.replace(
+                    new, expected_revision=current.revision, actor=principal.name, detail=detail
+                )
+            except BaseException:
+                self._fabric = None
+                raise
+            new.revision = revision
+            self._fabric = new
+            REVISION.set(revision)
+        WRITES.labels("fabric.import").inc()
+        await self._announce(
+            revision, principal, [{"kind": "fabric", "op": "replace", "key": source}]
+        )
+        return new.summary()
+
+    async def _announce(
+        self, revision: int, principal: Principal, changes: list[dict[str, str]]
+    ) -> None:
+        if len(changes) > MAX_EVENT_CHANGES:
+            changes = [{"kind": "fabric", "op": "update", "key": f"{len(changes)} changes"}]
+        event = TopologyChanged(
+            revision=revision,
+            at=utcnow(),
+            actor=principal.name,
+            changes=[EventChange.model_validate(c) for c in changes],
+        )
+        if self.bus is None:
+            return
+        try:
+            await self.bus.publish(event, msg_id=f"topology-{revision}")
+        except Exception as exc:  # the write is committed; consumers also poll the revision
+            ANNOUNCE_ERRORS.inc()
+            log.error("announce_failed", revision=revision, error=str(exc))
+
+
+def _dump(doc: FabricDocument) -> bytes:
+    return doc.model_dump_json().encode()

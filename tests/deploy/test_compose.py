@@ -1,0 +1,659 @@
+"""The deployment: docker-compose.yml and deploy/Dockerfile, as a specification.
+
+No container runs here (there is no Docker engine on the build machines): these
+tests check the files themselves.
+
+- docker-compose.yml conforms to the Compose Specification JSON schema, vendored in
+  tests/data/compose-spec.schema.json (see tests/data/README.md), and the same
+  validator rejects broken compose files.
+- Every THORN service container runs a console script declared in pyproject.toml
+  [project.scripts], and that script's `module:function` exists in the source tree.
+- The wiring is consistent: database and NATS URLs, depends_on targets, named
+  volumes, Dockerfiles and build targets, health checks and listen ports.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import fnmatch
+import importlib.util
+import json
+import re
+import shlex
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from jsonschema import Draft7Validator
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+SCHEMA_FILE = ROOT / "tests" / "data" / "compose-spec.schema.json"
+PYPROJECT_FILE = ROOT / "pyproject.toml"
+DOCKERIGNORE_FILE = ROOT / ".dockerignore"
+
+# compose service -> the console script it must run
+THORN_SERVICES = {
+    "topology": "thorn-topology",
+    "health": "thorn-health",
+    "pathcomp": "thorn-pathcomp",
+    "programmer": "thorn-programmer",
+}
+# services of the central controller: they share the database and the NATS bus
+CONTROLLER_SERVICES = ("topology", "health", "pathcomp")
+# variables the operator must set: compose must refuse to start without them
+REQUIRED_VARIABLES = ("THORN_ADMIN_TOKEN", "THORN_NODE_NAME")
+EXPECTED_DATABASE_URL = "postgresql+psycopg://thorn:thorn@postgres:5432/thorn"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def load_compose(path: Path = COMPOSE_FILE) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert isinstance(document, dict), f"{path.name} is not a mapping"
+    return document
+
+
+_INTERPOLATION = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+    r"(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+class MissingVariableError(LookupError):
+    """A `${VAR:?message}` or `${VAR?message}` whose variable is not set."""
+
+
+def interpolate(value: Any, env: Mapping[str, str]) -> Any:
+    """Compose-style variable interpolation of every string in a document.
+
+    Supports `$$`, `$VAR`, `${VAR}`, `${VAR:-default}`, `${VAR-default}`,
+    `${VAR:?message}` and `${VAR?message}` (no nesting, which this project's
+    compose file does not use).
+    """
+    if isinstance(value, dict):
+        return {key: interpolate(item, env) for key, item in value.items()}
+    if isinstance(value, list):
+        return [interpolate(item, env) for item in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        if match["escaped"]:
+            return "$"
+        name = match["name"] or match["bare"]
+        op, arg = match["op"], match["arg"] or ""
+        is_set = name in env
+        is_empty = not env.get(name)
+        if op in (":-", "-"):
+            use_default = is_empty if op == ":-" else not is_set
+            return arg if use_default else env[name]
+        if op in (":?", "?"):
+            if is_empty if op == ":?" else not is_set:
+                raise MissingVariableError(f"{name}: {arg}")
+            return env[name]
+        return env.get(name, "")
+
+    return _INTERPOLATION.sub(substitute, value)
+
+
+def environment_of(service: Mapping[str, Any]) -> dict[str, str]:
+    """The `environment:` of a service as a dict, whether written as a map or a list."""
+    environment = service.get("environment") or {}
+    if isinstance(environment, list):
+        return dict(item.split("=", 1) if "=" in item else (item, "") for item in environment)
+    return {key: "" if value is None else str(value) for key, value in environment.items()}
+
+
+def depends_on_of(service: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    depends_on = service.get("depends_on") or {}
+    if isinstance(depends_on, list):
+        return {name: {"condition": "service_started"} for name in depends_on}
+    return dict(depends_on)
+
+
+def command_words(command: str | list[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+def listen_port(listen: str) -> int:
+    return int(listen.rsplit(":", 1)[1])
+
+
+def schema_errors(validator: Draft7Validator, document: Any) -> list[str]:
+    errors = sorted(validator.iter_errors(document), key=lambda error: list(error.path))
+    return ["/".join(map(str, error.path)) + f": {error.message}" for error in errors]
+
+
+@dataclass
+class Stage:
+    """One build stage of a Dockerfile: `FROM <base> AS <name>` and what follows."""
+
+    base: str
+    name: str | None
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+
+def parse_dockerfile(path: Path) -> list[Stage]:
+    """Split a Dockerfile into stages of (INSTRUCTION, arguments) pairs."""
+    logical_lines: list[str] = []
+    pending = ""
+    for raw in path.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):  # comment inside a continued instruction
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical_lines.append(pending + line)
+        pending = ""
+    stages: list[Stage] = []
+    for line in logical_lines:
+        keyword, _, arguments = line.partition(" ")
+        keyword, arguments = keyword.upper(), arguments.strip()
+        if keyword == "FROM":
+            words = [word for word in arguments.split() if not word.startswith("--")]
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(base=words[0], name=name))
+        elif keyword != "ARG" or stages:
+            assert stages, f"{path}: {keyword} before the first FROM"
+            stages[-1].instructions.append((keyword, arguments))
+    return stages
+
+
+def stage_chain(stages: list[Stage], target: str | None) -> list[Stage]:
+    """The target stage and the stages it is built FROM, target first."""
+    by_name = {stage.name: stage for stage in stages if stage.name}
+    stage = by_name[target] if target else stages[-1]
+    chain = [stage]
+    while stage.base in by_name:
+        stage = by_name[stage.base]
+        chain.append(stage)
+    return chain
+
+
+def effective(stages: list[Stage], target: str | None, keyword: str) -> str | None:
+    """The last value of an inherited instruction (CMD, ENTRYPOINT, USER) for a target."""
+    for stage in stage_chain(stages, target):
+        values = [arguments for name, arguments in stage.instructions if name == keyword]
+        if values:
+            return values[-1]
+    return None
+
+
+def exec_form(arguments: str) -> list[str]:
+    """CMD/ENTRYPOINT arguments as a list of words (JSON exec form or shell form)."""
+    if arguments.startswith("["):
+        words: list[str] = json.loads(arguments)
+        assert all(isinstance(word, str) for word in words)
+        return words
+    return ["/bin/sh", "-c", arguments]
+
+
+def package_roots() -> list[Path]:
+    pyproject = tomllib.loads(PYPROJECT_FILE.read_text(encoding="utf-8"))
+    wheres = pyproject["tool"]["setuptools"]["packages"]["find"]["where"]
+    return [ROOT / where for where in wheres]
+
+
+def module_source(module: str) -> Path | None:
+    """The source file of a dotted module under the package roots in pyproject.toml."""
+    parts = module.split(".")
+    for root in package_roots():
+        for candidate in (
+            root.joinpath(*parts).with_suffix(".py"),
+            root.joinpath(*parts, "__init__.py"),
+        ):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def top_level_names(source: Path) -> set[str]:
+    """Names a module defines at top level: functions, classes, assignments, imports."""
+    tree = ast.parse(source.read_text(encoding="utf-8"), filename=str(source))
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(target.id for target in node.targets if isinstance(target, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    return names
+
+
+def dockerignore_patterns() -> list[str]:
+    lines = DOCKERIGNORE_FILE.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def is_dockerignored(path: str, patterns: list[str]) -> bool:
+    """Docker's rule, simplified: the last matching pattern wins; `!` re-includes."""
+    ignored = False
+    prefixes = [str(Path(*Path(path).parts[: i + 1])) for i in range(len(Path(path).parts))]
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        glob = pattern.lstrip("!").strip("/")
+        globs = [glob, glob.removeprefix("**/")] if glob.startswith("**/") else [glob]
+        if any(fnmatch.fnmatch(prefix, g) for prefix in prefixes for g in globs):
+            ignored = not negated
+    return ignored
+
+
+# -------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def schema() -> dict[str, Any]:
+    document: dict[str, Any] = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    return document
+
+
+@pytest.fixture(scope="module")
+def validator(schema: dict[str, Any]) -> Draft7Validator:
+    return Draft7Validator(schema)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_compose()
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    services: dict[str, dict[str, Any]] = compose["services"]
+    return services
+
+
+@pytest.fixture(scope="module")
+def interpolated(compose: dict[str, Any]) -> dict[str, Any]:
+    """The compose file as `docker compose config` would see it with only the
+    required variables set and every optional one left to its default."""
+    document: dict[str, Any] = interpolate(
+        compose, {name: f"<{name}>" for name in REQUIRED_VARIABLES}
+    )
+    return document
+
+
+@pytest.fixture(scope="module")
+def scripts() -> dict[str, str]:
+    pyproject = tomllib.loads(PYPROJECT_FILE.read_text(encoding="utf-8"))
+    scripts: dict[str, str] = pyproject["project"]["scripts"]
+    return scripts
+
+
+def build_of(service: Mapping[str, Any]) -> tuple[Path, Path, str | None]:
+    """(context, Dockerfile, target) of a service built from source."""
+    build = service["build"]
+    if isinstance(build, str):
+        build = {"context": build}
+    context = (ROOT / build.get("context", ".")).resolve()
+    dockerfile = context / build.get("dockerfile", "Dockerfile")
+    return context, dockerfile, build.get("target")
+
+
+def container_command(service: Mapping[str, Any]) -> list[str]:
+    """What the container runs: compose entrypoint/command over the image's ones."""
+    _, dockerfile, target = build_of(service)
+    stages = parse_dockerfile(dockerfile)
+    if "entrypoint" in service:
+        entrypoint = command_words(service["entrypoint"])
+    else:
+        image_entrypoint = effective(stages, target, "ENTRYPOINT")
+        entrypoint = exec_form(image_entrypoint) if image_entrypoint else []
+    if "command" in service:
+        command = command_words(service["command"])
+    else:
+        image_cmd = effective(stages, target, "CMD")
+        command = exec_form(image_cmd) if image_cmd else []
+    return entrypoint + command
+
+
+# ------------------------------------------------ (a) the Compose Specification schema
+
+
+def test_vendored_schema_is_the_draft07_compose_specification(schema: dict[str, Any]) -> None:
+    assert schema["title"] == "Compose Specification"
+    assert "draft-07" in schema["$schema"]
+    Draft7Validator.check_schema(schema)
+    # the properties the tests below rely on are closed: unknown keys are errors
+    assert schema["additionalProperties"] is False
+    assert schema["definitions"]["service"]["additionalProperties"] is False
+
+
+def test_compose_file_conforms_to_the_compose_specification(
+    validator: Draft7Validator, compose: dict[str, Any]
+) -> None:
+    # The raw file, before interpolation: `${VAR:?message}` stays a string, and the
+    # schema accepts strings wherever the file uses interpolation.
+    assert schema_errors(validator, compose) == []
+
+
+def test_compose_file_still_conforms_once_variables_are_interpolated(
+    validator: Draft7Validator, interpolated: dict[str, Any]
+) -> None:
+    assert schema_errors(validator, interpolated) == []
+
+
+@pytest.mark.parametrize("variable", REQUIRED_VARIABLES)
+def test_compose_refuses_to_start_without_a_required_variable(
+    compose: dict[str, Any], variable: str
+) -> None:
+    env = {name: "set" for name in REQUIRED_VARIABLES if name != variable}
+    with pytest.raises(MissingVariableError, match=variable):
+        interpolate(compose, env)
+
+
+def test_admin_token_has_no_default(services: dict[str, dict[str, Any]]) -> None:
+    for name in THORN_SERVICES:
+        token = environment_of(services[name])["THORN_ADMIN_TOKEN"]
+        assert token.startswith("${THORN_ADMIN_TOKEN:?"), f"{name}: {token!r}"
+
+
+def _unknown_service_key(document: dict[str, Any]) -> None:
+    document["services"]["topology"]["restart_policy"] = "always"
+
+
+def _ports_not_a_list(document: dict[str, Any]) -> None:
+    document["services"]["topology"]["ports"] = "8080:8080"
+
+
+def _port_of_wrong_type(document: dict[str, Any]) -> None:
+    document["services"]["topology"]["ports"] = [{"target": 8080, "published": [8080]}]
+
+
+def _unknown_depends_on_condition(document: dict[str, Any]) -> None:
+    document["services"]["health"]["depends_on"]["postgres"]["condition"] = "service_ready"
+
+
+def _healthcheck_interval_as_number(document: dict[str, Any]) -> None:
+    document["services"]["postgres"]["healthcheck"]["interval"] = 5
+
+
+def _unknown_top_level_key(document: dict[str, Any]) -> None:
+    document["service"] = document.pop("services")
+
+
+def _environment_not_a_list_or_map(document: dict[str, Any]) -> None:
+    document["services"]["pathcomp"]["environment"] = "THORN_LOG_LEVEL=debug"
+
+
+def _cap_add_not_a_list(document: dict[str, Any]) -> None:
+    document["services"]["programmer"]["cap_add"] = "NET_ADMIN"
+
+
+def _invalid_service_name(document: dict[str, Any]) -> None:
+    document["services"]["path comp"] = document["services"].pop("pathcomp")
+
+
+def _unknown_volume_key(document: dict[str, Any]) -> None:
+    document["volumes"]["pg-data"] = {"driver": "local", "size": "10G"}
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        _unknown_service_key,
+        _ports_not_a_list,
+        _port_of_wrong_type,
+        _unknown_depends_on_condition,
+        _healthcheck_interval_as_number,
+        _unknown_top_level_key,
+        _environment_not_a_list_or_map,
+        _cap_add_not_a_list,
+        _invalid_service_name,
+        _unknown_volume_key,
+    ],
+    ids=lambda breakage: breakage.__name__.strip("_"),
+)
+def test_a_broken_compose_file_is_rejected(
+    validator: Draft7Validator,
+    compose: dict[str, Any],
+    breakage: Callable[[dict[str, Any]], None],
+) -> None:
+    assert schema_errors(validator, compose) == [], "the unbroken file must be valid"
+    broken = copy.deepcopy(compose)
+    breakage(broken)
+    assert schema_errors(validator, broken) != []
+
+
+def test_a_broken_file_on_disk_is_rejected(validator: Draft7Validator, tmp_path: Path) -> None:
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(
+        "services:\n"
+        "  topology:\n"
+        "    image: thorn-topology\n"
+        "    ports: 8080\n"
+        "    helthcheck:\n"
+        "      test: [CMD, 'true']\n",
+        encoding="utf-8",
+    )
+    errors = schema_errors(validator, load_compose(broken))
+    assert any(error.startswith("services/topology/ports") for error in errors), errors
+    assert any("helthcheck" in error for error in errors), errors
+
+
+# ----------------------------------------- (b) each service runs a declared console script
+
+
+@pytest.mark.parametrize(("service", "script"), THORN_SERVICES.items())
+def test_each_thorn_service_runs_its_console_script(
+    services: dict[str, dict[str, Any]], scripts: dict[str, str], service: str, script: str
+) -> None:
+    command = container_command(services[service])
+    assert command, f"{service}: neither compose nor its Dockerfile target sets a command"
+    assert command[0] in scripts, f"{service} runs {command[0]!r}, not a [project.scripts] entry"
+    assert command[0] == script
+
+
+def _script_params() -> Iterator[Any]:
+    pyproject = tomllib.loads(PYPROJECT_FILE.read_text(encoding="utf-8"))
+    for name, target in pyproject["project"]["scripts"].items():
+        yield pytest.param(name, target, id=name)
+
+
+@pytest.mark.parametrize(("script", "target"), list(_script_params()))
+def test_console_script_target_resolves(script: str, target: str) -> None:
+    match = re.fullmatch(r"(?P<module>[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)", target)
+    assert match, f"{script} = {target!r} is not 'package.module:function'"
+    module, attr = match["module"], match["attr"]
+
+    source = module_source(module)
+    assert source is not None, f"{script}: no source file for module {module} under {ROOT}"
+    assert attr in top_level_names(source), f"{script}: {source} defines no {attr!r}"
+
+    # and the interpreter finds that same module (the project is installed)
+    spec = importlib.util.find_spec(module)
+    assert spec is not None and spec.origin is not None, f"{script}: {module} is not importable"
+    depth = len(module.split(".")) + (source.name == "__init__.py")
+    assert Path(spec.origin).parts[-depth:] == source.parts[-depth:]
+
+
+# --------------------------------------------------------------- (c) consistent wiring
+
+
+@pytest.mark.parametrize("service", CONTROLLER_SERVICES)
+def test_controller_services_reach_the_database_and_nats(
+    interpolated: dict[str, Any], service: str
+) -> None:
+    environment = environment_of(interpolated["services"][service])
+    assert environment["THORN_DATABASE_URL"] == EXPECTED_DATABASE_URL
+    assert environment["THORN_NATS_URL"] == "nats://nats:4222"
+
+
+def test_database_url_matches_the_postgres_service(interpolated: dict[str, Any]) -> None:
+    postgres = environment_of(interpolated["services"]["postgres"])
+    for service in CONTROLLER_SERVICES:
+        url = urlsplit(environment_of(interpolated["services"][service])["THORN_DATABASE_URL"])
+        assert url.scheme == "postgresql+psycopg"
+        assert (url.hostname, url.port) == ("postgres", 5432)
+        assert url.username == postgres["POSTGRES_USER"]
+        assert url.password == postgres["POSTGRES_PASSWORD"]
+        assert url.path == "/" + postgres["POSTGRES_DB"] == "/thorn"
+
+
+@pytest.mark.parametrize("service", THORN_SERVICES)
+def test_every_thorn_service_is_configured_through_thorn_variables(
+    services: dict[str, dict[str, Any]], service: str
+) -> None:
+    environment = environment_of(services[service])
+    for variable in ("THORN_NATS_URL", "THORN_ADMIN_TOKEN", "THORN_LISTEN", "THORN_LOG_LEVEL"):
+        assert environment.get(variable), f"{service} does not set {variable}"
+
+
+@pytest.mark.parametrize("service", THORN_SERVICES)
+def test_every_thorn_service_is_health_checked_on_its_listen_port(
+    services: dict[str, dict[str, Any]], service: str
+) -> None:
+    port = listen_port(environment_of(services[service])["THORN_LISTEN"])
+    probe = command_words(services[service]["healthcheck"]["test"])
+    assert probe[0] == "CMD"
+    # slim images have no curl: the probe is the image's own python
+    assert probe[1] == "python", probe
+    assert f"http://127.0.0.1:{port}/healthz" in " ".join(probe)
+
+
+def test_topology_publishes_its_api_on_8080(services: dict[str, dict[str, Any]]) -> None:
+    topology = services["topology"]
+    assert listen_port(environment_of(topology)["THORN_LISTEN"]) == 8080
+    assert any(str(port).endswith(":8080") for port in topology["ports"])
+
+
+def test_programmer_agent_programs_the_host_datapath(interpolated: dict[str, Any]) -> None:
+    programmer = interpolated["services"]["programmer"]
+    environment = environment_of(programmer)
+    assert programmer["network_mode"] == "host"
+    assert {"NET_ADMIN", "NET_RAW"} <= set(programmer["cap_add"])
+    assert environment["THORN_NODE_NAME"] == "<THORN_NODE_NAME>"
+    # in the host network namespace compose DNS names do not resolve: NATS is
+    # reached through the port it publishes on the loopback interface
+    assert environment["THORN_NATS_URL"] == "nats://127.0.0.1:4222"
+    assert "127.0.0.1:4222:4222" in interpolated["services"]["nats"]["ports"]
+    assert "ports" not in programmer, "host networking publishes nothing"
+
+
+def test_nats_runs_jetstream_with_a_persistent_store_and_monitoring(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    nats = services["nats"]
+    assert nats["image"].startswith("nats:")
+    command = command_words(nats["command"])
+    assert "-js" in command
+    store = command[command.index("-sd") + 1]
+    assert command[command.index("-m") + 1] == "8222"
+    assert any(volume.endswith(f":{store}") for volume in nats["volumes"])
+    assert "8222/healthz" in " ".join(command_words(nats["healthcheck"]["test"]))
+
+
+def test_postgres_is_16_with_a_persistent_volume_and_pg_isready(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:16")
+    assert any(volume.endswith(":/var/lib/postgresql/data") for volume in postgres["volumes"])
+    assert "pg_isready" in " ".join(command_words(postgres["healthcheck"]["test"]))
+
+
+def test_depends_on_targets_exist_and_health_conditions_have_healthchecks(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name, service in services.items():
+        for dependency, options in depends_on_of(service).items():
+            assert dependency in services, f"{name} depends on unknown service {dependency}"
+            assert dependency != name
+            if options.get("condition") == "service_healthy":
+                assert "healthcheck" in services[dependency], f"{dependency} has no healthcheck"
+
+
+def test_thorn_services_wait_for_healthy_infrastructure(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    for name in THORN_SERVICES:
+        depends_on = depends_on_of(services[name])
+        assert depends_on["nats"]["condition"] == "service_healthy", name
+        if name in CONTROLLER_SERVICES:
+            assert depends_on["postgres"]["condition"] == "service_healthy", name
+
+
+def test_named_volumes_are_declared_and_used(compose: dict[str, Any]) -> None:
+    declared = set(compose.get("volumes") or {})
+    used: set[str] = set()
+    for name, service in compose["services"].items():
+        for volume in service.get("volumes", []):
+            if isinstance(volume, dict):
+                source = volume.get("source") if volume.get("type") == "volume" else None
+            else:
+                source = volume.split(":", 1)[0] if ":" in volume else None
+            if source and not source.startswith((".", "/", "~", "$")):
+                assert source in declared, f"{name} uses undeclared volume {source}"
+                used.add(source)
+    assert declared == used, f"declared but unused volumes: {declared - used}"
+
+
+@pytest.mark.parametrize("service", THORN_SERVICES)
+def test_thorn_services_are_built_from_an_existing_dockerfile_target(
+    services: dict[str, dict[str, Any]], service: str
+) -> None:
+    context, dockerfile, target = build_of(services[service])
+    assert context == ROOT, "the build context is the repository root (pip install .)"
+    assert dockerfile.is_file(), f"{service}: {dockerfile} does not exist"
+    assert dockerfile.is_relative_to(ROOT / "deploy")
+    stage_names = [stage.name for stage in parse_dockerfile(dockerfile)]
+    assert target in stage_names, f"{service}: no stage {target!r} in {dockerfile}"
+
+
+def test_every_referenced_dockerfile_exists(services: dict[str, dict[str, Any]]) -> None:
+    for name, service in services.items():
+        assert "build" in service or "image" in service, name
+        if "build" in service:
+            assert build_of(service)[1].is_file(), name
+
+
+# ------------------------------------------------------------------- the Dockerfile
+
+
+@pytest.mark.parametrize("service", THORN_SERVICES)
+def test_images_run_unprivileged_except_the_programmer(
+    services: dict[str, dict[str, Any]], service: str
+) -> None:
+    _, dockerfile, target = build_of(services[service])
+    stages = parse_dockerfile(dockerfile)
+    user = effective(stages, target, "USER")
+    if service == "programmer":
+        assert user in (None, "root", "0", "0:0"), "netlink programming needs root"
+    else:
+        assert user not in (None, "root", "0", "0:0"), f"{service} must not run as root"
+    assert stage_chain(stages, target)[-1].base == "python:3.11-slim"
+
+
+def test_the_image_installs_the_project_from_the_repository_root() -> None:
+    stages = parse_dockerfile(ROOT / "deploy" / "Dockerfile")
+    runs = [arguments for stage in stages for _, arguments in stage.instructions]
+    assert any(re.search(r"pip install (\S+ )*\.$", run) for run in runs)
+    copied = {
+        arguments.split()[0]
+        for stage in stages
+        for keyword, arguments in stage.instructions
+        if keyword == "COPY" and not arguments.startswith("--from")
+    }
+    assert {"pyproject.toml", "libs/", "services/"} <= copied
+
+
+def test_dockerignore_keeps_local_state_out_and_build_inputs_in() -> None:
+    patterns = dockerignore_patterns()
+    for excluded in (".venv", ".git", ".env", "libs/thorn/__pycache__", "thorn.egg-info"):
+        assert is_dockerignored(excluded, patterns), f"{excluded} reaches the build context"
+    for needed in ("pyproject.toml", "libs/thorn/__init__.py", "services/topology"):
+        assert not is_dockerignored(needed, patterns), f"{needed} is excluded from the build"

@@ -1,0 +1,454 @@
+"""The topology service's REST API over a real store (SQLite and PostgreSQL) and real NATS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest_asyncio
+
+from thorn.bus import Bus
+from thorn.config import Settings
+from thorn.events import TOPOLOGY_CHANGED, Event, TopologyChanged
+from thorn.store import Store
+from thorn_topology.app import create_app
+
+ADMIN = "thn_test-admin-secret"
+EVENT_WAIT = 5.0
+QUIET = 0.5  # how long "no event arrives" is watched for
+
+
+@dataclass
+class Api:
+    client: httpx.AsyncClient
+    store: Store
+    events: list[TopologyChanged] = field(default_factory=list)
+
+    def as_(self, token: str | None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def call(
+        self, method: str, path: str, token: str | None = ADMIN, **kwargs: Any
+    ) -> httpx.Response:
+        headers = {**self.as_(token), **kwargs.pop("headers", {})}
+        return await self.client.request(method, f"/api/v1{path}", headers=headers, **kwargs)
+
+    async def token(self, name: str, role: str) -> str:
+        response = await self.call("POST", "/tokens", json={"name": name, "role": role})
+        assert response.status_code == 201, response.text
+        secret: str = response.json()["token"]
+        return secret
+
+    async def next_event(self, revision: int) -> TopologyChanged:
+        async with asyncio.timeout(EVENT_WAIT):
+            while True:
+                for event in self.events:
+                    if event.revision == revision:
+                        return event
+                await asyncio.sleep(0.01)
+
+
+@pytest_asyncio.fixture
+async def api(store: Store, nats_url: str, tmp_path: Path) -> AsyncIterator[Api]:
+    bus = await Bus.connect(nats_url, name="test-topology")
+    await bus.ensure_streams()
+    settings = Settings(
+        admin_token=ADMIN,
+        data_dir=tmp_path,
+        max_body_bytes=64 * 1024,
+        max_import_bytes=8 * 1024 * 1024,
+    )
+    app = create_app(settings, store=store, bus=bus)
+    events: list[TopologyChanged] = []
+
+    async def collect(event: Event) -> None:
+        assert isinstance(event, TopologyChanged)
+        events.append(event)
+
+    subscription = await bus.subscribe(TOPOLOGY_CHANGED, collect)
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://thorn") as client:
+                yield Api(client, store, events)
+    finally:
+        await subscription.unsubscribe()
+        await bus.close()
+
+
+def detail(response: httpx.Response) -> str:
+    body: dict[str, Any] = response.json()
+    return str(body["detail"])
+
+
+async def leaf_spine(api: Api, **params: Any) -> dict[str, Any]:
+    body = {"spines": 2, "leaves": 2, "hosts_per_leaf": 2, **params}
+    response = await api.call("POST", "/fabric/generate/leaf-spine", json=body)
+    assert response.status_code == 200, response.text
+    result: dict[str, Any] = response.json()
+    return result
+
+
+# --- authentication and roles ------------------------------------------------------------
+
+
+async def test_a_request_without_a_token_is_refused_with_401(api: Api) -> None:
+    response = await api.call("GET", "/nodes", token=None)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    assert "missing bearer token" in detail(response)
+
+
+async def test_a_wrong_token_is_refused_with_401(api: Api) -> None:
+    response = await api.call("GET", "/nodes", token="thn_not-a-real-token")
+    assert response.status_code == 401
+    assert "invalid or revoked token" in detail(response)
+
+
+async def test_a_viewer_reads_but_cannot_write(api: Api) -> None:
+    viewer = await api.token("dashboard", "viewer")
+    assert (await api.call("GET", "/nodes", token=viewer)).status_code == 200
+    response = await api.call(
+        "POST", "/nodes", token=viewer, json={"name": "leaf9", "role": "switch"}
+    )
+    assert response.status_code == 403
+    assert "has role viewer; this needs admin" in detail(response)
+
+
+async def test_an_operator_drains_links_but_cannot_change_topology(api: Api) -> None:
+    await leaf_spine(api)
+    operator = await api.token("oncall", "operator")
+    link_id = (await api.call("GET", "/links")).json()["items"][0]["id"]
+    drained = await api.call("POST", f"/links/{link_id}/drain", token=operator)
+    assert drained.status_code == 200
+    assert drained.json()["admin_state"] == "drained"
+    undrained = await api.call("POST", f"/links/{link_id}/undrain", token=operator)
+    assert undrained.json()["admin_state"] == "up"
+    refused = await api.call("DELETE", f"/links/{link_id}", token=operator)
+    assert refused.status_code == 403
+
+
+async def test_tokens_are_shown_once_stored_hashed_and_revocable(api: Api) -> None:
+    secret = await api.token("ci-bot", "viewer")
+    listed = (await api.call("GET", "/tokens")).json()
+    assert {t["name"] for t in listed} == {"bootstrap-admin", "ci-bot"}
+    assert all("token" not in t and "token_hash" not in t for t in listed)
+    assert secret not in json.dumps(listed)
+    assert (await api.call("GET", "/whoami", token=secret)).json() == {
+        "name": "ci-bot",
+        "role": "viewer",
+    }
+    assert (await api.call("DELETE", "/tokens/ci-bot")).status_code == 200
+    assert (await api.call("GET", "/whoami", token=secret)).status_code == 401
+
+
+async def test_writes_are_attributed_to_the_token_in_the_audit_log(api: Api) -> None:
+    ops = await api.token("netops", "admin")
+    await api.call("POST", "/tenants", token=ops, json={"name": "acme"})
+    page = (await api.call("GET", "/audit?action=tenant.")).json()
+    assert page["total"] == 1
+    entry = page["items"][0]
+    assert (entry["actor"], entry["action"], entry["target"]) == ("netops", "tenant.create", "acme")
+
+
+# --- CRUD and the fabric rules -----------------------------------------------------------
+
+
+async def test_a_node_is_created_with_its_ports_and_read_back(api: Api) -> None:
+    body = {
+        "name": "leaf1",
+        "role": "switch",
+        "mgmt_address": "172.16.0.1",
+        "labels": {"tier": "leaf"},
+        "ports": [
+            {
+                "name": "swp1",
+                "mac": "02-AA-00-00-00-01",
+                "address": "10.0.0.0/31",
+                "speed_mbps": 400000,
+            }
+        ],
+    }
+    created = await api.call("POST", "/nodes", json=body)
+    assert created.status_code == 201, created.text
+    node = (await api.call("GET", "/nodes/leaf1")).json()
+    assert node["ports"][0]["mac"] == "02:aa:00:00:00:01"
+    port = (await api.call("GET", "/nodes/leaf1/ports/swp1")).json()
+    assert port["address"] == "10.0.0.0/31"
+
+
+async def test_every_write_publishes_topology_changed_with_its_revision(api: Api) -> None:
+    created = await api.call("POST", "/tenants", json={"name": "acme"})
+    assert created.status_code == 201
+    revision = await api.store.revision()
+    event = await api.next_event(revision)
+    assert event.actor == "bootstrap-admin"
+    assert [(c.kind, c.op, c.key) for c in event.changes] == [("tenant", "create", "acme")]
+
+
+async def test_a_duplicate_name_is_a_409_naming_the_field(api: Api) -> None:
+    await api.call("POST", "/nodes", json={"name": "spine1", "role": "switch"})
+    again = await api.call("POST", "/nodes", json={"name": "spine1", "role": "switch"})
+    assert again.status_code == 409
+    assert detail(again) == "body.name: node 'spine1' already exists"
+
+
+async def test_a_link_to_a_missing_port_is_refused_naming_the_end(api: Api) -> None:
+    await api.call(
+        "POST", "/nodes", json={"name": "a1", "role": "switch", "ports": [{"name": "p1"}]}
+    )
+    response = await api.call("POST", "/links", json={"a": "a1:p1", "b": "ghost:p1"})
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["loc"] == ["body", "b", "node"]
+    assert "node 'ghost' not found" in detail(response)
+
+
+async def test_a_self_loop_is_refused(api: Api) -> None:
+    await api.call(
+        "POST",
+        "/nodes",
+        json={"name": "a1", "role": "switch", "ports": [{"name": "p1"}, {"name": "p2"}]},
+    )
+    response = await api.call("POST", "/links", json={"a": "a1:p1", "b": "a1:p2"})
+    assert response.status_code == 422
+    assert "self-loop" in detail(response)
+
+
+async def test_a_port_already_in_a_link_cannot_join_another(api: Api) -> None:
+    for name in ("a1", "b1", "c1"):
+        await api.call(
+            "POST",
+            "/nodes",
+            json={"name": name, "role": "switch", "ports": [{"name": "p1"}, {"name": "p2"}]},
+        )
+    assert (await api.call("POST", "/links", json={"a": "a1:p1", "b": "b1:p1"})).status_code == 201
+    response = await api.call("POST", "/links", json={"a": "c1:p1", "b": "b1:p1"})
+    assert response.status_code == 409
+    assert "already in link" in detail(response)
+
+
+async def test_overlapping_addresses_are_refused(api: Api) -> None:
+    first = await api.call(
+        "POST",
+        "/nodes",
+        json={"name": "a1", "role": "switch", "ports": [{"name": "p1", "address": "10.0.0.1/30"}]},
+    )
+    assert first.status_code == 201
+    response = await api.call(
+        "POST",
+        "/nodes",
+        json={"name": "b1", "role": "switch", "ports": [{"name": "p1", "address": "10.0.0.2/31"}]},
+    )
+    assert response.status_code == 409
+    assert response.json()["errors"][0]["loc"] == ["body", "ports", 0, "address"]
+    assert "overlaps" in detail(response)
+    assert (await api.call("GET", "/nodes/b1")).status_code == 404
+
+
+async def test_a_node_with_links_is_deleted_only_with_cascade(api: Api) -> None:
+    await leaf_spine(api)
+    refused = await api.call("DELETE", "/nodes/leaf1")
+    assert refused.status_code == 409
+    assert "cascade=true" in detail(refused)
+    deleted = await api.call("DELETE", "/nodes/leaf1?cascade=true")
+    assert deleted.status_code == 200
+    links = (await api.call("GET", "/links?node=leaf1")).json()
+    assert links["total"] == 0
+
+
+async def test_a_missing_resource_is_a_404(api: Api) -> None:
+    for path in (
+        "/nodes/nope",
+        "/links/999",
+        "/tenants/nope",
+        "/vnis/7",
+        "/workloads/nope",
+        "/teps/nope/red",
+        "/nodes/nope/ports/x",
+    ):
+        response = await api.call("GET", path)
+        assert response.status_code == 404, path
+        assert "not found" in detail(response) or "no red TEP" in detail(response)
+
+
+async def test_patch_changes_only_the_given_fields(api: Api) -> None:
+    await api.call(
+        "POST",
+        "/nodes",
+        json={
+            "name": "leaf1",
+            "role": "switch",
+            "mgmt_address": "172.16.0.1",
+            "labels": {"a": "b"},
+        },
+    )
+    patched = await api.call("PATCH", "/nodes/leaf1", json={"admin_state": "drained"})
+    assert patched.json()["mgmt_address"] == "172.16.0.1"
+    assert patched.json()["labels"] == {"a": "b"}
+    assert patched.json()["admin_state"] == "drained"
+
+
+async def test_lists_are_paginated_and_filtered(api: Api) -> None:
+    await leaf_spine(api, hosts_per_leaf=3)
+    page = (await api.call("GET", "/nodes?role=host&limit=4&offset=2")).json()
+    assert page["total"] == 6
+    assert len(page["items"]) == 4
+    assert all(n["role"] == "host" for n in page["items"])
+    spines = (await api.call("GET", "/nodes?label=tier=spine")).json()
+    assert {n["name"] for n in spines["items"]} == {"spine1", "spine2"}
+    assert (await api.call("GET", "/nodes?limit=0")).status_code == 422
+    assert (await api.call("GET", "/nodes?label=novalue")).status_code == 422
+
+
+# --- malformed input -----------------------------------------------------------------------
+
+
+async def test_malformed_json_is_a_400(api: Api) -> None:
+    response = await api.call(
+        "POST", "/nodes", content=b'{"name": "x", ', headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert "JSON" in detail(response)
+
+
+async def test_unknown_fields_and_wrong_types_are_422_naming_the_field(api: Api) -> None:
+    unknown = await api.call("POST", "/nodes", json={"name": "x", "role": "switch", "colour": 1})
+    assert unknown.status_code == 422
+    assert unknown.json()["errors"][0]["loc"] == ["body", "colour"]
+    wrong = await api.call("POST", "/vnis", json={"vni": "lots", "name": "v", "tenant": "t"})
+    assert wrong.status_code == 422
+    assert wrong.json()["errors"][0]["loc"] == ["body", "vni"]
+    out_of_range = await api.call(
+        "POST", "/vnis", json={"vni": 16777216, "name": "v", "tenant": "t"}
+    )
+    assert out_of_range.status_code == 422
+
+
+async def test_an_oversized_body_is_a_413_and_changes_nothing(api: Api) -> None:
+    huge = {"name": "t", "description": "x" * 100_000}
+    response = await api.call("POST", "/tenants", json=huge)
+    assert response.status_code == 413
+    assert "limit of 65536 bytes" in detail(response)
+    assert await api.store.revision() == 0
+
+
+# --- bulk import, export, generators, containerlab ------------------------------------------
+
+
+async def test_import_replaces_the_fabric_and_export_round_trips(api: Api) -> None:
+    await leaf_spine(api)
+    exported = (await api.call("GET", "/fabric")).json()
+    assert exported["format"] == "thorn.fabric/v1"
+    response = await api.call("POST", "/fabric/import", json=exported)
+    assert response.status_code == 200, response.text
+    again = (await api.call("GET", "/fabric")).json()
+    assert again["revision"] == exported["revision"] + 1
+    strip = ("revision", "links")
+    assert {k: v for k, v in again.items() if k not in strip} == {
+        k: v for k, v in exported.items() if k not in strip
+    }
+    assert [{k: v for k, v in lk.items() if k != "id"} for lk in again["links"]] == [
+        {k: v for k, v in lk.items() if k != "id"} for lk in exported["links"]
+    ]
+
+
+async def test_a_failed_import_keeps_the_previous_revision_and_publishes_nothing(api: Api) -> None:
+    await leaf_spine(api)
+    revision = await api.store.revision()
+    before = (await api.call("GET", "/fabric")).json()
+    await api.next_event(revision)
+    broken = json.loads(json.dumps(before))
+    broken["links"].append({"a": "leaf1:swp1", "b": "ghost:eth1"})
+    broken["nodes"][0]["ports"].append(dict(broken["nodes"][0]["ports"][0]))
+    response = await api.call("POST", "/fabric/import", json=broken)
+    assert response.status_code in (409, 422)
+    locs = [e["loc"] for e in response.json()["errors"]]
+    assert ["body", "links", len(before["links"]), "b", "node"] in locs
+    assert await api.store.revision() == revision
+    assert (await api.call("GET", "/fabric")).json() == before
+    seen = len(api.events)
+    await asyncio.sleep(QUIET)
+    assert len(api.events) == seen
+    assert all(e.revision <= revision for e in api.events)
+
+
+async def test_a_dry_run_import_validates_without_changing_anything(api: Api) -> None:
+    response = await api.call("POST", "/fabric/generate/fat-tree?dry_run=true", json={"k": 4})
+    assert response.status_code == 200
+    assert response.json()["summary"]["hosts"] == 16
+    assert await api.store.revision() == 0
+
+
+async def test_every_generator_produces_a_fabric_the_store_accepts(api: Api) -> None:
+    for name, body in (
+        ("leaf-spine", {"spines": 2, "leaves": 4, "hosts_per_leaf": 2, "dual_homed": True}),
+        ("fat-tree", {"k": 4}),
+        ("rail-optimized", {"servers_per_su": 4, "rails": 2, "spines": 2}),
+        ("dual-plane", {}),
+    ):
+        response = await api.call("POST", f"/fabric/generate/{name}", json=body)
+        assert response.status_code == 200, (name, response.text)
+        summary = (await api.call("GET", "/fabric/summary")).json()
+        assert summary == response.json()["summary"]
+
+
+async def test_bad_generator_parameters_are_422_naming_the_field(api: Api) -> None:
+    response = await api.call("POST", "/fabric/generate/fat-tree", json={"k": 5})
+    assert response.status_code == 422
+    assert "k" in json.dumps(response.json()["errors"])
+    response = await api.call("POST", "/fabric/generate/leaf-spine", json={"spines": -1})
+    assert response.status_code == 422
+    assert response.json()["errors"][0]["loc"] == ["body", "spines"]
+
+
+CLAB = """
+name: tiny
+topology:
+  kinds:
+    nokia_srlinux: {image: ghcr.io/nokia/srlinux}
+  nodes:
+    spine1: {kind: nokia_srlinux}
+    leaf1: {kind: nokia_srlinux}
+    gpu1: {kind: linux, image: alpine}
+  links:
+    - endpoints: ["spine1:e1-1", "leaf1:e1-49"]
+    - endpoints: ["leaf1:e1-1", "gpu1:eth1"]
+"""
+
+
+async def test_a_containerlab_file_is_imported(api: Api) -> None:
+    response = await api.call(
+        "POST",
+        "/fabric/import/containerlab",
+        content=CLAB.encode(),
+        headers={"content-type": "application/yaml"},
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["summary"]["links"] == 2
+    gpu = (await api.call("GET", "/nodes/gpu1")).json()
+    assert gpu["role"] == "host"
+
+
+async def test_a_broken_containerlab_file_is_a_422_and_changes_nothing(api: Api) -> None:
+    broken = CLAB.replace('"leaf1:e1-1", "gpu1:eth1"', '"leaf1:e1-1", "ghost:eth1"')
+    response = await api.call(
+        "POST",
+        "/fabric/import/containerlab",
+        content=broken.encode(),
+        headers={"content-type": "application/yaml"},
+    )
+    assert response.status_code == 422
+    assert "links[1]" in detail(response)
+    not_yaml = await api.call(
+        "POST",
+        "/fabric/import/containerlab",
+        content=b"topology: [",
+        headers={"content-type": "application/yaml"},
+    )
+    assert not_yaml.status_code == 422
+    assert await api.store.revision() == 0

@@ -1,0 +1,224 @@
+"""Subjects, streams and event schemas of the bus (pure: no NATS needed)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from pydantic import ValidationError
+
+from thorn.events import (
+    DESIRED_STATE_KV,
+    EVENT_TYPES,
+    STREAM_FAILOVER,
+    STREAM_HEALTH,
+    STREAM_PATHS,
+    STREAM_TOPOLOGY,
+    STREAMS,
+    Change,
+    EventDecodeError,
+    FailoverEvent,
+    KeyValueSpec,
+    LinkHealthChanged,
+    PathsChanged,
+    TopologyChanged,
+    UnknownSubjectError,
+    agent_report_subject,
+    decode,
+    encode,
+    failover_subject,
+    health_link_subject,
+    model_for_subject,
+    stream_for_subject,
+    subject_matches,
+    utcnow,
+)
+
+AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+
+
+def sample_events() -> list[TopologyChanged | PathsChanged | LinkHealthChanged | FailoverEvent]:
+    return [
+        TopologyChanged(
+            revision=4,
+            at=AT,
+            actor="admin",
+            changes=[Change(kind="link", op="delete", key="leaf1:eth1-spine1:eth1")],
+        ),
+        PathsChanged(revision=2, topology_revision=4, at=AT),
+        LinkHealthChanged(link_id=17, state="down", previous="up", at=AT, source="bfd"),
+        FailoverEvent(
+            node="host-a", peer="host-b", from_colour="red", to_colour="blue", at=AT, reason="bfd"
+        ),
+    ]
+
+
+# ------------------------------------------------------------------------------- subjects
+
+
+def test_subject_builders_put_the_id_or_node_in_the_last_tokens() -> None:
+    assert health_link_subject(17) == "health.link.17"
+    assert failover_subject("leaf1") == "failover.leaf1"
+    assert agent_report_subject("host-a") == "agent.report.host-a"
+
+
+@pytest.mark.parametrize("bad", ["", "a b", "*", ">", "a.*", "a..b", ".a", "a."])
+def test_a_node_name_that_would_break_the_subject_is_rejected(bad: str) -> None:
+    with pytest.raises(ValueError, match="subject"):
+        failover_subject(bad)
+    with pytest.raises(ValueError, match="subject"):
+        agent_report_subject(bad)
+
+
+@pytest.mark.parametrize("bad", [-1, True])
+def test_a_link_id_must_be_a_non_negative_integer(bad: int) -> None:
+    with pytest.raises(ValueError, match="link id"):
+        health_link_subject(bad)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("topology.changed", "topology.changed", True),
+        ("topology.changed", "topology.changed.x", False),
+        ("health.link.*", "health.link.3", True),
+        ("health.link.*", "health.link.3.x", False),
+        ("health.link.*", "health.link", False),
+        ("failover.>", "failover.leaf1", True),
+        ("failover.>", "failover.rack1.leaf1", True),
+        ("failover.>", "failover", False),
+        ("*.changed", "paths.changed", True),
+    ],
+)
+def test_subject_matching_follows_nats_wildcards(
+    pattern: str, subject: str, expected: bool
+) -> None:
+    assert subject_matches(pattern, subject) is expected
+
+
+# -------------------------------------------------------------------------------- streams
+
+
+def test_every_event_subject_is_stored_by_its_stream() -> None:
+    expected = {
+        TopologyChanged: STREAM_TOPOLOGY,
+        PathsChanged: STREAM_PATHS,
+        LinkHealthChanged: STREAM_HEALTH,
+        FailoverEvent: STREAM_FAILOVER,
+    }
+    for event in sample_events():
+        assert stream_for_subject(event.subject) is expected[type(event)]
+
+
+def test_agent_reports_are_not_stored_by_any_stream() -> None:
+    assert stream_for_subject(agent_report_subject("host-a")) is None
+
+
+def test_streams_have_distinct_names_and_non_overlapping_subjects() -> None:
+    assert len({s.name for s in STREAMS}) == len(STREAMS)
+    subjects = [p for s in STREAMS for p in s.subjects]
+    assert len(set(subjects)) == len(subjects)
+
+
+def test_failover_history_is_kept_thirty_days_within_a_byte_bound() -> None:
+    assert STREAM_FAILOVER.max_age == 30 * 24 * 3600
+    assert STREAM_FAILOVER.max_bytes > 0
+
+
+def test_desired_state_bucket_keeps_one_to_five_revisions_per_node() -> None:
+    assert DESIRED_STATE_KV.bucket == "thorn-desired-state"
+    assert 1 <= DESIRED_STATE_KV.history <= 5
+    with pytest.raises(ValueError, match="history"):
+        KeyValueSpec(bucket="x", description="", history=6, max_value_size=1, max_bytes=1)
+
+
+# -------------------------------------------------------------------------------- schemas
+
+
+def test_every_event_round_trips_through_its_wire_form() -> None:
+    for event in sample_events():
+        decoded = decode(event.subject, encode(event))
+        assert type(decoded) is type(event)
+        assert decoded == event
+
+
+def test_the_registry_maps_each_subject_to_its_model() -> None:
+    for event in sample_events():
+        assert model_for_subject(event.subject) is type(event)
+    assert set(EVENT_TYPES.values()) == {
+        TopologyChanged,
+        PathsChanged,
+        LinkHealthChanged,
+        FailoverEvent,
+    }
+
+
+def test_timestamps_are_normalised_to_utc() -> None:
+    plus_two = timezone(timedelta(hours=2))
+    event = PathsChanged(
+        revision=1, topology_revision=1, at=datetime(2026, 1, 1, 14, tzinfo=plus_two)
+    )
+    assert event.at == datetime(2026, 1, 1, 12, tzinfo=UTC)
+    assert event.at.utcoffset() == timedelta(0)
+    assert utcnow().tzinfo is not None
+
+
+def test_a_naive_timestamp_is_rejected() -> None:
+    with pytest.raises(ValidationError):
+        PathsChanged(revision=1, topology_revision=1, at=datetime(2026, 1, 1, 12))
+
+
+def test_a_negative_topology_revision_is_rejected() -> None:
+    with pytest.raises(ValidationError):
+        TopologyChanged(revision=-1, at=AT, actor="x", changes=[])
+
+
+def test_a_change_op_outside_create_update_delete_replace_is_rejected() -> None:
+    with pytest.raises(ValidationError):
+        Change(kind="link", op="upsert", key="k")
+
+
+def test_events_are_immutable_and_refuse_unknown_fields() -> None:
+    event = PathsChanged(revision=1, topology_revision=1, at=AT)
+    with pytest.raises(ValidationError):
+        event.revision = 2  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        PathsChanged(revision=1, topology_revision=1, at=AT, extra="no")  # type: ignore[call-arg]
+
+
+def test_an_event_knows_its_concrete_subject() -> None:
+    link = LinkHealthChanged(link_id=5, state="up", previous=None, at=AT, source="carrier")
+    assert link.subject == "health.link.5"
+    flip = FailoverEvent(
+        node="h1", peer="h2", from_colour="red", to_colour="blue", at=AT, reason=""
+    )
+    assert flip.subject == "failover.h1"
+
+
+# ------------------------------------------------------------------------------- decoding
+
+
+def test_a_payload_that_is_not_json_raises_a_decode_error_naming_the_subject() -> None:
+    with pytest.raises(EventDecodeError) as info:
+        decode("health.link.3", b"not json")
+    assert info.value.subject == "health.link.3"
+    assert "health.link.3" in str(info.value)
+
+
+def test_a_payload_missing_fields_raises_a_decode_error_naming_the_model() -> None:
+    with pytest.raises(EventDecodeError, match="LinkHealthChanged") as info:
+        decode("health.link.3", b'{"link_id": 3}')
+    assert info.value.subject == "health.link.3"
+
+
+def test_an_unregistered_subject_raises_unknown_subject() -> None:
+    with pytest.raises(UnknownSubjectError) as info:
+        decode("agent.report.host-a", b"{}")
+    assert isinstance(info.value, EventDecodeError)
+    assert info.value.subject == "agent.report.host-a"
+
+
+def test_an_event_received_on_another_entitys_subject_is_rejected() -> None:
+    link = LinkHealthChanged(link_id=5, state="up", previous=None, at=AT, source="carrier")
+    with pytest.raises(EventDecodeError, match=r"health\.link\.5"):
+        decode("health.link.6", encode(link))
