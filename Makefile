@@ -39,7 +39,8 @@ openapi: venv
 
 ## bench: benchmarks; results go to docs/benchmarks.md
 bench: venv
-	$(BIN)/python -m thorn.bench.topology --write docs/benchmarks.md
+	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(BIN)/python tests/bench/bench_topology.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .thorn .mypy_cache .ruff_cache .pytest_cache

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from thorn.auth import new_token
 from thorn.config import Settings
-from thorn.natsd import EmbeddedNats
+from thorn.natsd import EmbeddedNats, free_port
 
 console = Console()
 START_TIMEOUT = 60.0
@@ -142,10 +142,11 @@ def main() -> None:
             "THORN_DATA_DIR": str(data_dir),
             "THORN_LOG_FORMAT": "json",
         }
-        api_port = settings.host_port[1]
-        for offset, name in enumerate(("topology", "health", "pathcomp")):
+        # The API keeps the well-known port; the other services' HTTP (metrics) take free ones.
+        ports = {"topology": settings.host_port[1], "health": free_port(), "pathcomp": free_port()}
+        for name, port in ports.items():
             with console.status(f"starting {name}"):
-                child = _spawn(name, api_port + offset, env, logs)
+                child = _spawn(name, port, env, logs)
                 children.append(child)
                 _wait_ready(child, time.monotonic() + START_TIMEOUT)
         with console.status("loading the fabric"):

@@ -452,3 +452,41 @@ async def test_a_broken_containerlab_file_is_a_422_and_changes_nothing(api: Api)
     )
     assert not_yaml.status_code == 422
     assert await api.store.revision() == 0
+
+
+async def test_the_full_topology_is_cached_per_revision_with_etag_and_gzip(api: Api) -> None:
+    await leaf_spine(api)
+    first = await api.call("GET", "/fabric", headers={"accept-encoding": "gzip"})
+    assert first.headers["content-encoding"] == "gzip"
+    etag = first.headers["etag"]
+    assert etag == f'"rev-{await api.store.revision()}"'
+    unchanged = await api.call("GET", "/fabric", headers={"if-none-match": etag})
+    assert unchanged.status_code == 304
+    await api.call("POST", "/tenants", json={"name": "acme"})
+    changed = await api.call("GET", "/fabric", headers={"if-none-match": etag})
+    assert changed.status_code == 200
+    assert changed.json()["tenants"][-1]["name"] == "acme"
+    assert changed.headers["etag"] != etag
+
+
+async def test_a_write_by_another_replica_is_seen_on_the_next_read(
+    api: Api, database_url: str, nats_url: str, tmp_path: Path
+) -> None:
+    await leaf_spine(api)
+    await api.call("GET", "/fabric")  # warm this replica's snapshot and cache
+    other_store = await Store.open(database_url)
+    settings = Settings(admin_token=ADMIN, data_dir=tmp_path, nats_url=nats_url)
+    other = create_app(settings, store=other_store)
+    try:
+        async with other.router.lifespan_context(other):
+            transport = httpx.ASGITransport(app=other)
+            async with httpx.AsyncClient(transport=transport, base_url="http://b") as client:
+                response = await client.post(
+                    "/api/v1/tenants", json={"name": "from-b"}, headers=api.as_(ADMIN)
+                )
+                assert response.status_code == 201
+    finally:
+        await other_store.close()
+    names = [t["name"] for t in (await api.call("GET", "/fabric")).json()["tenants"]]
+    assert "from-b" in names
+    assert (await api.call("GET", "/tenants/from-b")).status_code == 200

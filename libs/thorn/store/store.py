@@ -135,7 +135,9 @@ class Store:
             engine = create_async_engine(url, connect_args={"timeout": 30})
             _sqlite_pragmas(engine)
         else:
-            engine = create_async_engine(url, pool_size=10, max_overflow=10, pool_pre_ping=True)
+            engine = create_async_engine(
+                url, pool_size=20, max_overflow=10, pool_pre_ping=True, pool_recycle=1800
+            )
         store = cls(engine)
         if migrate:
             await store.migrate()

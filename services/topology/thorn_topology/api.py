@@ -99,8 +99,16 @@ async def fabric_summary(_: Viewer, service: Service) -> FabricSummary:
     response_model=FabricDocument,
     summary="The whole topology (the export document)",
 )
-async def fabric_export(_: Viewer, service: Service) -> Response:
-    return Response(await service.document_json(), media_type="application/json")
+async def fabric_export(_: Viewer, service: Service, request: Request) -> Response:
+    document = await service.document()
+    etag = f'"rev-{document.revision}"'
+    headers = {"ETag": etag, "Vary": "Accept-Encoding"}
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers=headers)
+    if "gzip" in request.headers.get("accept-encoding", ""):
+        headers["Content-Encoding"] = "gzip"
+        return Response(document.gzip, media_type="application/json", headers=headers)
+    return Response(document.json, media_type="application/json", headers=headers)
 
 
 @router.post("/fabric/import", tags=["fabric"], response_model=ImportResult)
