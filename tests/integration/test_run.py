@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 from thorn.natsd import free_port
 
 START = 90.0
