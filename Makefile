@@ -43,4 +43,4 @@ bench: venv
 	$(BIN)/python tests/bench/bench_topology.py --write docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .thorn .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache  # .thorn (store, token) is kept

@@ -19,7 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from thorn.config import Settings
-from thorn.events import AGENT_REPORT_ALL, HEALTH_LINK_ALL, PATHS_CHANGED, TOPOLOGY_CHANGED
+from thorn.events import HEALTH_LINK_ALL, PATHS_CHANGED, TOPOLOGY_CHANGED
 from thorn.shell import shell_app
 from thorn_topology.app import create_app as topology_app
 
@@ -29,7 +29,7 @@ DOCUMENT = Path(__file__).with_name("openapi.json")
 def service_apps(settings: Settings) -> list[FastAPI]:
     return [
         topology_app(settings),
-        shell_app("health", settings, [AGENT_REPORT_ALL]),
+        shell_app("health", settings, [TOPOLOGY_CHANGED]),
         shell_app("pathcomp", settings, [TOPOLOGY_CHANGED, HEALTH_LINK_ALL]),
         shell_app("programmer", settings, [PATHS_CHANGED]),
     ]

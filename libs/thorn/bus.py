@@ -154,7 +154,7 @@ class Bus:
         The first connection must succeed within `connect_timeout` (else `BusConnectError`);
         afterwards the client reconnects forever, `reconnect_time_wait` seconds apart.
         """
-        servers = [url] if isinstance(url, str) else list(url)
+        servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
         holder: list[Bus] = []
         nc = NatsClient()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +29,13 @@ class Settings(BaseSettings):
     max_import_bytes: int = Field(
         64 * MiB, ge=1 * KiB, description="limit for fabric imports and containerlab files"
     )
+    node_name: str | None = Field(None, description="the node a programmer agent runs on")
+
+    @classmethod
+    def unknown_environment(cls) -> list[str]:
+        """THORN_* variables no setting reads: most likely typos an admin wants to hear of."""
+        known = {f"THORN_{name.upper()}" for name in cls.model_fields}
+        return sorted(k for k in os.environ if k.startswith("THORN_") and k not in known)
 
     @property
     def db_url(self) -> str:

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 
 from thorn.model import (
     FABRIC_FORMAT,
+    AdminState,
     Colour,
     FabricDocument,
     FabricSummary,
@@ -117,7 +118,7 @@ class _Intervals:
     def add(self, start: int, end: int, user: PortKey) -> None:
         i = self.find(start, end)
         if i is not None:
-            self.users[i].append(user)
+            bisect.insort(self.users[i], user)  # sorted: messages never depend on history
             return
         j = bisect.bisect_left(self.starts, start)
         self.starts.insert(j, start)
@@ -304,9 +305,11 @@ class Fabric:
             values["mgmt_address"] = update.mgmt_address
         if "labels" in given:
             values["labels"] = update.labels or {}
-        if "admin_state" in given and update.admin_state is not None:
+        if update.admin_state is not None:
             values["admin_state"] = update.admin_state
         new = Node(**values)
+        if new == node:
+            return []  # nothing to change: no revision, no event
         if node.mgmt_address is not None:
             del self._address_owner[node.mgmt_address]
         if new.mgmt_address is not None:
@@ -379,6 +382,8 @@ class Fabric:
         values = old.model_dump()
         values.update({k: getattr(update, k) for k in update.model_fields_set})
         new = Port(**values)
+        if new == old:
+            return []  # nothing to change: no revision, no event
         self._unindex_port(old)
         issues = self._port_issues(new)
         link_id = self.link_of_port.get((node, name))
@@ -543,16 +548,29 @@ class Fabric:
     def update_link(self, link_id: int, update: LinkUpdate) -> list[Change]:
         old = self.link(link_id)
         values = old.model_dump()
-        values.update(
-            {
-                k: getattr(update, k)
-                for k in update.model_fields_set
-                if getattr(update, k) is not None
-            }
-        )
+        if "srlgs" in update.model_fields_set:
+            values["srlgs"] = update.srlgs or []
+        if update.admin_state is not None:
+            values["admin_state"] = update.admin_state
         new = Link(**values)
+        if new == old:
+            return []  # nothing to change: no revision, no event
         self.links[link_id] = new
         return [Change("link", "update", str(link_id), new)]
+
+    def drain_link(self, link_id: int) -> list[Change]:
+        """Take a link out of the path plans before maintenance (idempotent)."""
+        return self.update_link(link_id, LinkUpdate(admin_state=AdminState.drained))
+
+    def undrain_link(self, link_id: int) -> list[Change]:
+        """Return a drained link to service; a link that is down stays an admin's decision."""
+        if self.link(link_id).admin_state is AdminState.down:
+            raise FabricError.one(
+                ("admin_state",),
+                f"link {link_id} is down, not drained; an admin brings it up with PATCH",
+                "conflict",
+            )
+        return self.update_link(link_id, LinkUpdate(admin_state=AdminState.up))
 
     def delete_link(self, link_id: int) -> list[Change]:
         link = self.link(link_id)
@@ -576,7 +594,10 @@ class Fabric:
         return [Change("tenant", "create", tenant.name, tenant)]
 
     def update_tenant(self, name: str, update: TenantUpdate) -> list[Change]:
-        new = self.tenant(name).model_copy(update={"description": update.description})
+        old = self.tenant(name)
+        new = old.model_copy(update={"description": update.description})
+        if new == old:
+            return []
         self.tenants[name] = new
         return [Change("tenant", "update", name, new)]
 

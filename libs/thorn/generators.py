@@ -542,7 +542,9 @@ def dual_plane(
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    workloads: bool = Field(
+
+def _workloads_field() -> Any:
+    return Field(
         default=True,
         description="give every host one workload (<host>-vf0) in VNI 1000 of tenant 'default'",
     )
@@ -563,6 +565,7 @@ class LeafSpineParams(_Params):
         default=False,
         description="attach each host to a leaf pair (leaf 2i-1 and 2i); needs an even leaf count",
     )
+    workloads: bool = _workloads_field()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -579,6 +582,7 @@ class FatTreeParams(_Params):
         le=MAX_FAT_TREE_K,
         description="switch radix; even. k=16: 1,024 hosts, 320 switches",
     )
+    workloads: bool = _workloads_field()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -601,6 +605,7 @@ class RailOptimizedParams(_Params):
     spines: int = Field(
         default=8, ge=1, le=MAX_SPINES, description="spine switches; each connects to every leaf"
     )
+    workloads: bool = _workloads_field()
 
     @model_validator(mode="after")
     def _check(self) -> Self:
@@ -620,6 +625,7 @@ class DualPlaneParams(_Params):
     hosts_per_leaf: int = Field(
         default=4, ge=1, le=MAX_HOSTS_PER_LEAF, description="hosts on each leaf (in each plane)"
     )
+    workloads: bool = _workloads_field()
 
     @model_validator(mode="after")
     def _check(self) -> Self:

@@ -24,6 +24,7 @@ from rich.table import Table
 from thorn.auth import new_token
 from thorn.config import Settings
 from thorn.natsd import EmbeddedNats, free_port
+from thorn.telemetry import configure_logging
 
 console = Console()
 START_TIMEOUT = 60.0
@@ -106,7 +107,7 @@ def _seed(api: str, token: str) -> dict[str, int]:
         .raise_for_status()
         .json()
     )
-    if summary["nodes"] == 0:
+    if summary["revision"] == 0:  # first start only: an emptied fabric stays empty
         response = httpx.post(
             f"{api}/api/v1/fabric/generate/leaf-spine",
             json=DEFAULT_FABRIC,
@@ -119,6 +120,7 @@ def _seed(api: str, token: str) -> dict[str, int]:
 
 def main() -> None:
     settings = Settings()
+    configure_logging(settings.log_level, "console")
     data_dir = settings.data_dir.resolve()
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SerializeAsAny,
     StringConstraints,
     field_validator,
     model_validator,
@@ -145,6 +146,8 @@ class PortSpec(Strict):
 
 
 class PortUpdate(Strict):
+    """PATCH body: only the fields given change; null clears a field."""
+
     mac: MacAddress | None = None
     address: UsableInterface | None = None
     speed_mbps: SpeedMbps | None = None
@@ -172,10 +175,18 @@ class Node(NodeBase):
     """A stored node; its ports are their own resource."""
 
 
+def _not_null(value: object) -> object:
+    if value is None:
+        raise ValueError("may be left out, but not set to null")
+    return value
+
+
 class NodeUpdate(Strict):
+    """PATCH body: only the fields given change; null clears mgmt_address and labels."""
+
     mgmt_address: UsableAddress | None = None
     labels: dict[LabelKey, LabelValue] | None = None
-    admin_state: AdminState | None = None
+    admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = None
 
 
 # --- links -------------------------------------------------------------------------------
@@ -224,8 +235,10 @@ class Link(LinkSpec):
 
 
 class LinkUpdate(Strict):
+    """PATCH body: only the fields given change; null clears srlgs."""
+
     srlgs: Annotated[list[SrlgName], AfterValidator(_unique_sorted)] | None = None
-    admin_state: AdminState | None = None
+    admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = None
 
 
 # --- tenants, VNIs, workloads, TEPs ------------------------------------------------------
@@ -269,12 +282,14 @@ class Tep(Strict):
 
 
 class FabricDocument(Strict):
-    """The import/export format: a whole fabric in one document (JSON or YAML)."""
+    """The import/export format: a whole fabric in one document (JSON; thornctl also reads YAML)."""
 
     format: Literal["thorn.fabric/v1"] = FABRIC_FORMAT
     revision: int | None = Field(default=None, description="set on export; ignored on import", ge=0)
     nodes: list[NodeSpec] = Field(default_factory=list)
-    links: list[LinkSpec] = Field(default_factory=list)
+    links: list[SerializeAsAny[LinkSpec]] = Field(
+        default_factory=list, description="on export each link also carries its `id`"
+    )
     tenants: list[Tenant] = Field(default_factory=list)
     vnis: list[Vni] = Field(default_factory=list)
     workloads: list[Workload] = Field(default_factory=list)

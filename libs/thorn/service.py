@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import structlog
 import uvicorn
 from fastapi import FastAPI
 
@@ -17,3 +18,5 @@ def serve(app: FastAPI, settings: Settings) -> None:
 
 def start_logging(settings: Settings) -> None:
     configure_logging(settings.log_level, settings.log_format)
+    if unknown := Settings.unknown_environment():
+        structlog.get_logger("thorn").warning("unknown_settings_ignored", variables=unknown)

@@ -35,7 +35,9 @@ def shell_app(service: str, settings: Settings, inputs: list[str]) -> FastAPI:
 
             async def seen(event: Event) -> None:
                 EVENTS_SEEN.labels(service, event.subject).inc()
-                log.info("event", subject=event.subject, event=event.model_dump(mode="json"))
+                log.info(
+                    "input_event", subject=event.subject, payload=event.model_dump(mode="json")
+                )
 
             for subject in inputs:
                 await bus.subscribe(subject, seen)

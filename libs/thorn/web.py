@@ -14,6 +14,7 @@ from fastapi import FastAPI, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from thorn.fabric import FabricError, NotFound
@@ -74,7 +75,26 @@ def _error(code: int, items: list[ErrorItem]) -> JSONResponse:
     return JSONResponse(body.model_dump(), status_code=code)
 
 
+class FieldError(Exception):
+    """A request value the domain models cannot catch (a query filter, a raw file body)."""
+
+    def __init__(self, status: int, loc: Sequence[str | int], msg: str, kind: str) -> None:
+        super().__init__(msg)
+        self.status = status
+        self.item = ErrorItem(loc=list(loc), msg=msg, type=kind)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # 401/403 and friends: the same body shape as every other error.
+        body = ErrorBody(detail=str(exc.detail))
+        return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(FieldError)
+    async def _field(_: Request, exc: FieldError) -> JSONResponse:
+        return _error(exc.status, [exc.item])
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         items = [
@@ -115,28 +135,44 @@ class BodyLimit:
             return
         limit = self.limit_for(scope["path"])
         declared = dict(scope.get("headers", [])).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _too_large(limit, send)
+        if declared is not None:
+            # The server enforces Content-Length framing, so the header is the body's size.
+            if declared.isdigit() and int(declared) > limit:
+                await _too_large(limit, send)
+                return
+            await self.app(scope, receive, send)
             return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
+        # Chunked (or no) body: read it up to the limit before the app sees any of it.
+        chunks: list[bytes] = []
+        size = 0
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await _too_large(limit, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        await self.app(scope, _replay([body], then=receive), send)
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
-            await _too_large(limit, send)
 
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    pending = list(messages)
 
-class _TooLarge(Exception):
-    pass
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
 
 
 async def _too_large(limit: int, send: Send) -> None:

@@ -356,10 +356,14 @@ def test_compose_refuses_to_start_without_a_required_variable(
         interpolate(compose, env)
 
 
-def test_admin_token_has_no_default(services: dict[str, dict[str, Any]]) -> None:
+def test_only_topology_gets_the_admin_token_and_it_has_no_default(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    token = environment_of(services["topology"])["THORN_ADMIN_TOKEN"]
+    assert token.startswith("${THORN_ADMIN_TOKEN:?"), token
     for name in THORN_SERVICES:
-        token = environment_of(services[name])["THORN_ADMIN_TOKEN"]
-        assert token.startswith("${THORN_ADMIN_TOKEN:?"), f"{name}: {token!r}"
+        if name != "topology":
+            assert "THORN_ADMIN_TOKEN" not in environment_of(services[name]), name
 
 
 def _unknown_service_key(document: dict[str, Any]) -> None:
@@ -509,7 +513,7 @@ def test_every_thorn_service_is_configured_through_thorn_variables(
     services: dict[str, dict[str, Any]], service: str
 ) -> None:
     environment = environment_of(services[service])
-    for variable in ("THORN_NATS_URL", "THORN_ADMIN_TOKEN", "THORN_LISTEN", "THORN_LOG_LEVEL"):
+    for variable in ("THORN_NATS_URL", "THORN_LISTEN", "THORN_LOG_LEVEL"):
         assert environment.get(variable), f"{service} does not set {variable}"
 
 

@@ -252,8 +252,13 @@ async def test_a_durable_consumer_terminates_a_message_that_does_not_decode(bus:
     assert [d.event for d in got] == [link_event(106)]
     await got[0].ack()
     await bus.flush()
-    info = await consumer.info()
-    assert info.num_ack_pending == 0  # the garbage was terminated, not left for redelivery
+    # The server applies acks and terms asynchronously: poll its view, bounded.
+    for _ in range(int(WAIT / 0.02)):
+        if (await consumer.info()).num_ack_pending == 0:
+            break
+        await asyncio.sleep(0.02)
+    # the garbage was terminated, not left for redelivery
+    assert await consumer.fetch(10, max_wait=0.2) == []
     await consumer.unsubscribe()
 
 
@@ -502,3 +507,11 @@ async def test_resolve_nats_without_a_url_runs_an_embedded_server_for_the_block(
         assert bus.is_connected
     with pytest.raises(BusConnectError):
         await Bus.connect(url, connect_timeout=0.3)
+
+
+async def test_a_comma_separated_url_lists_the_servers_of_a_cluster(
+    nats_server: EmbeddedNats,
+) -> None:
+    dead = f"nats://127.0.0.1:{free_port()}"
+    async with await Bus.connect(f"{dead}, {nats_server.url}", name="test-cluster") as bus:
+        assert bus.is_connected

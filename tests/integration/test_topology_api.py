@@ -135,7 +135,7 @@ async def test_an_operator_drains_links_but_cannot_change_topology(api: Api) -> 
 
 async def test_tokens_are_shown_once_stored_hashed_and_revocable(api: Api) -> None:
     secret = await api.token("ci-bot", "viewer")
-    listed = (await api.call("GET", "/tokens")).json()
+    listed = (await api.call("GET", "/tokens")).json()["items"]
     assert {t["name"] for t in listed} == {"bootstrap-admin", "ci-bot"}
     assert all("token" not in t and "token_hash" not in t for t in listed)
     assert secret not in json.dumps(listed)
@@ -143,7 +143,7 @@ async def test_tokens_are_shown_once_stored_hashed_and_revocable(api: Api) -> No
         "name": "ci-bot",
         "role": "viewer",
     }
-    assert (await api.call("DELETE", "/tokens/ci-bot")).status_code == 200
+    assert (await api.call("DELETE", "/tokens/ci-bot")).status_code == 204
     assert (await api.call("GET", "/whoami", token=secret)).status_code == 401
 
 
@@ -490,3 +490,115 @@ async def test_a_write_by_another_replica_is_seen_on_the_next_read(
     names = [t["name"] for t in (await api.call("GET", "/fabric")).json()["tenants"]]
     assert "from-b" in names
     assert (await api.call("GET", "/tenants/from-b")).status_code == 200
+
+
+async def test_containerlab_warnings_are_reported_and_the_import_succeeds(api: Api) -> None:
+    with_bridge = CLAB.replace(
+        "    gpu1: {kind: linux, image: alpine}",
+        "    gpu1: {kind: linux, image: alpine}\n    br0: {kind: bridge}",
+    ).replace(
+        '    - endpoints: ["leaf1:e1-1", "gpu1:eth1"]',
+        '    - endpoints: ["leaf1:e1-1", "gpu1:eth1"]\n    - endpoints: ["leaf1:e1-2", "br0:p1"]',
+    )
+    response = await api.call(
+        "POST",
+        "/fabric/import/containerlab",
+        content=with_bridge.encode(),
+        headers={"content-type": "application/yaml"},
+    )
+    assert response.status_code == 200, response.text
+    warnings = response.json()["warnings"]
+    assert warnings and all(isinstance(w, str) for w in warnings)
+    assert any("br0" in w for w in warnings)
+
+
+async def test_a_chunked_body_over_the_limit_is_a_413(api: Api) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'{"name": "t", "description": "'
+        for _ in range(10):
+            yield b"x" * 10_000
+        yield b'"}'
+
+    response = await api.call(
+        "POST", "/tenants", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413
+    assert response.json()["errors"][0]["type"] == "too_large"
+    assert await api.store.revision() == 0
+
+
+async def test_auth_errors_have_the_common_error_body(api: Api) -> None:
+    body = (await api.call("GET", "/nodes", token=None)).json()
+    assert body == {
+        "detail": "missing bearer token: send 'Authorization: Bearer <token>'",
+        "errors": [],
+    }
+
+
+async def test_a_write_that_changes_nothing_commits_nothing(api: Api) -> None:
+    await leaf_spine(api)
+    link_id = (await api.call("GET", "/links")).json()["items"][0]["id"]
+    await api.call("POST", f"/links/{link_id}/drain")
+    revision = await api.store.revision()
+    again = await api.call("POST", f"/links/{link_id}/drain")
+    assert again.status_code == 200
+    same = await api.call("PATCH", "/nodes/leaf1", json={"admin_state": "up"})
+    assert same.status_code == 200
+    assert await api.store.revision() == revision
+
+
+async def test_undrain_refuses_a_link_that_is_down(api: Api) -> None:
+    await leaf_spine(api)
+    link_id = (await api.call("GET", "/links")).json()["items"][0]["id"]
+    await api.call("PATCH", f"/links/{link_id}", json={"admin_state": "down"})
+    response = await api.call("POST", f"/links/{link_id}/undrain")
+    assert response.status_code == 409
+    assert "is down, not drained" in detail(response)
+
+
+async def test_null_is_refused_for_a_state_and_clears_a_list(api: Api) -> None:
+    await leaf_spine(api)
+    link_id = (await api.call("GET", "/links")).json()["items"][0]["id"]
+    refused = await api.call("PATCH", f"/links/{link_id}", json={"admin_state": None})
+    assert refused.status_code == 422
+    assert refused.json()["errors"][0]["loc"] == ["body", "admin_state"]
+    await api.call("PATCH", f"/links/{link_id}", json={"srlgs": ["conduit-7"]})
+    cleared = await api.call("PATCH", f"/links/{link_id}", json={"srlgs": None})
+    assert cleared.json()["srlgs"] == []
+
+
+async def test_concurrent_writes_are_announced_in_revision_order(api: Api) -> None:
+    await asyncio.gather(
+        *(api.call("POST", "/tenants", json={"name": f"tenant{i}"}) for i in range(20))
+    )
+    last = await api.store.revision()
+    await api.next_event(last)
+    revisions = [e.revision for e in api.events]
+    assert revisions == sorted(revisions)
+    assert revisions[-20:] == list(range(last - 19, last + 1))
+
+
+async def test_imports_racing_on_two_replicas_both_land(
+    api: Api, database_url: str, nats_url: str, tmp_path: Path
+) -> None:
+    other_store = await Store.open(database_url)
+    settings = Settings(admin_token=ADMIN, data_dir=tmp_path, nats_url=nats_url)
+    other = create_app(settings, store=other_store)
+    body = {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}
+    try:
+        async with other.router.lifespan_context(other):
+            transport = httpx.ASGITransport(app=other)
+            async with httpx.AsyncClient(transport=transport, base_url="http://b") as client:
+                results = await asyncio.gather(
+                    *(api.call("POST", "/fabric/generate/leaf-spine", json=body) for _ in range(3)),
+                    *(
+                        client.post(
+                            "/api/v1/fabric/generate/leaf-spine", json=body, headers=api.as_(ADMIN)
+                        )
+                        for _ in range(3)
+                    ),
+                )
+    finally:
+        await other_store.close()
+    assert [r.status_code for r in results] == [200] * 6
+    assert await api.store.revision() == 6

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from thorn.fabric import Change, Fabric, FabricError, Issue, NotFound
 from thorn.model import (
     Colour,
@@ -481,6 +482,7 @@ def test_a_port_update_within_its_links_network_is_applied() -> None:
     assert changes(result) == [("port", "update", "a:e1")]
     assert fabric.port("a", "e1").speed_mbps == 400_000
 
+
 def test_a_port_update_frees_its_old_address_and_mac() -> None:
     fabric = build(switch("a", port("e1", "10.0.0.0/31", "02:00:00:00:00:01")), switch("b"))
     fabric.update_port("a", "e1", PortUpdate(address="10.0.1.0/31", mac="02:00:00:00:00:02"))
@@ -622,13 +624,11 @@ def test_a_cascading_node_delete_frees_every_address_mac_and_peer_port() -> None
     fabric.add_tep(tep("h1", "red", "10.224.0.1"))
     fabric.add_workload(workload("w1", "h1", 100, "100.64.0.1", mac="06:00:00:00:00:01"))
     fabric.delete_node("h1", cascade=True)
-    # everything h1 held can be taken again, by a node of another name
-    fabric.add_node(
-        host("h9", port("eth1", "10.0.0.0/31", "02:00:00:00:00:01"), mgmt="172.16.0.1")
-    )
-    fabric.add_tep(tep("h9", "red", "10.224.0.1"))
-    fabric.add_workload(workload("w1", "h9", 100, "100.64.0.1", mac="06:00:00:00:00:01"))
-    fabric.add_link(link("h9:eth1", "s1:swp1"))  # the peer port is free again
+    # everything h1 held can be taken again, by a node of the same name
+    fabric.add_node(host("h1", port("eth1", "10.0.0.0/31", "02:00:00:00:00:01"), mgmt="172.16.0.1"))
+    fabric.add_tep(tep("h1", "red", "10.224.0.1"))
+    fabric.add_workload(workload("w1", "h1", 100, "100.64.0.1", mac="06:00:00:00:00:01"))
+    fabric.add_link(link("h1:eth1", "s1:swp1"))  # the peer port is free again
 
 
 def test_a_cascading_delete_leaves_no_trace_in_the_indexes() -> None:
@@ -646,9 +646,7 @@ def test_a_cascading_delete_leaves_no_trace_in_the_indexes() -> None:
 
 def test_a_linked_port_cannot_be_deleted() -> None:
     fabric = linked_pair()
-    assert rejected(fabric, lambda: fabric.delete_port("leaf1", "e1")) == [
-        (("name",), "conflict")
-    ]
+    assert rejected(fabric, lambda: fabric.delete_port("leaf1", "e1")) == [(("name",), "conflict")]
     fabric.delete_link(1)
     assert changes(fabric.delete_port("leaf1", "e1")) == [("port", "delete", "leaf1:e1")]
     fabric.add_port("leaf1", port("e2", "10.0.0.0/31", "02:00:00:00:01:01"))  # freed
@@ -737,15 +735,15 @@ def test_workload_names_are_unique() -> None:
 
 def test_a_workload_lives_on_an_existing_host_in_an_existing_vni() -> None:
     fabric = overlay()
-    assert rejected(fabric, lambda: fabric.add_workload(workload("w", "s1", 100, "100.64.0.1"))) == [
-        (("node",), "invalid")
-    ]
-    assert rejected(fabric, lambda: fabric.add_workload(workload("w", "hx", 100, "100.64.0.1"))) == [
-        (("node",), "not_found")
-    ]
-    assert rejected(fabric, lambda: fabric.add_workload(workload("w", "h1", 999, "100.64.0.1"))) == [
-        (("vni",), "not_found")
-    ]
+    assert rejected(
+        fabric, lambda: fabric.add_workload(workload("w", "s1", 100, "100.64.0.1"))
+    ) == [(("node",), "invalid")]
+    assert rejected(
+        fabric, lambda: fabric.add_workload(workload("w", "hx", 100, "100.64.0.1"))
+    ) == [(("node",), "not_found")]
+    assert rejected(
+        fabric, lambda: fabric.add_workload(workload("w", "h1", 999, "100.64.0.1"))
+    ) == [(("vni",), "not_found")]
 
 
 def test_a_workload_ip_is_unique_within_its_vni_only() -> None:
@@ -791,7 +789,9 @@ def test_a_deleted_workload_frees_its_vf_ip_and_mac() -> None:
 def test_a_workload_reports_every_broken_rule_at_once() -> None:
     fabric = overlay()
     fabric.add_workload(workload("w1", "h1", 100, "100.64.0.1"))
-    assert rejected(fabric, lambda: fabric.add_workload(workload("w1", "h1", 100, "100.64.0.1"))) == [
+    assert rejected(
+        fabric, lambda: fabric.add_workload(workload("w1", "h1", 100, "100.64.0.1"))
+    ) == [
         (("name",), "conflict"),
         (("vf",), "conflict"),
         (("ip",), "conflict"),
@@ -867,9 +867,21 @@ def test_a_document_lists_every_broken_rule_with_its_location() -> None:
             "tenants": [{"name": "t1"}, {"name": "t1"}],
             "vnis": [{"vni": 100, "name": "v", "tenant": "ghost"}],
             "nodes": [
-                {"name": "a", "role": "switch", "ports": [{"name": "e1", "address": "10.0.0.0/31"}]},
-                {"name": "b", "role": "switch", "ports": [{"name": "e1", "address": "10.0.0.0/31"}]},
-                {"name": "c", "role": "switch", "ports": [{"name": "e1", "address": "10.0.1.0/31"}]},
+                {
+                    "name": "a",
+                    "role": "switch",
+                    "ports": [{"name": "e1", "address": "10.0.0.0/31"}],
+                },
+                {
+                    "name": "b",
+                    "role": "switch",
+                    "ports": [{"name": "e1", "address": "10.0.0.0/31"}],
+                },
+                {
+                    "name": "c",
+                    "role": "switch",
+                    "ports": [{"name": "e1", "address": "10.0.1.0/31"}],
+                },
                 {"name": "a", "role": "host"},
             ],
             "links": [
@@ -914,3 +926,253 @@ def test_an_issue_prints_its_location() -> None:
         "links.2.a.port: port 'x' not found"
     )
     assert str(Issue((), "whole request")) == "whole request"
+
+
+def test_the_exported_document_carries_link_ids() -> None:
+    fabric = linked_pair()
+    exported = fabric.to_document().model_dump(mode="json")
+    assert exported["links"][0]["id"] == 1
+    # and the importer still ignores it
+    rebuilt = Fabric.from_document(FabricDocument.model_validate(exported), next_link_id=5)
+    assert list(rebuilt.links) == [5]
+
+
+# --- all or nothing ------------------------------------------------------------------------
+
+
+def test_a_failed_port_update_keeps_the_order_of_network_users() -> None:
+    fabric = linked_pair()
+    before = [list(u) for u in fabric._nets[4].users]
+    with pytest.raises(FabricError):
+        fabric.update_port("leaf1", "e1", PortUpdate(address="10.0.1.0/31"))
+    assert [list(u) for u in fabric._nets[4].users] == before
+
+
+NODE_NAMES = ["n1", "n2", "n3"]
+PORT_NAMES = ["e1", "e2"]
+# Interfaces that collide often: same addresses, same /31s, nested networks, a TEP-sized /32.
+INTERFACES = [
+    None,
+    "10.0.0.0/31",
+    "10.0.0.1/31",
+    "10.0.0.3/31",
+    "10.0.0.5/31",
+    "10.0.0.1/29",
+    "10.0.1.2/29",
+    "10.0.1.0/31",
+    "10.0.0.9/32",
+    "2001:db8::1/127",
+]
+POINTS = ["10.0.0.1", "10.0.0.6", "10.0.0.9", "10.0.1.3", "10.0.2.1", "172.16.0.1", "2001:db8::1"]
+MACS = [None, "02:00:00:00:00:01", "02:00:00:00:00:02"]
+
+names = st.sampled_from(NODE_NAMES)
+port_names = st.sampled_from(PORT_NAMES)
+interfaces = st.sampled_from(INTERFACES)
+macs = st.sampled_from(MACS)
+points = st.sampled_from(POINTS)
+colours = st.sampled_from(["red", "blue"])
+
+port_lists = st.lists(st.tuples(port_names, interfaces, macs), max_size=2)
+add_node = st.tuples(
+    st.just("add_node"), names, st.sampled_from(["host", "switch"]), st.none() | points, port_lists
+)
+add_port = st.tuples(st.just("add_port"), names, port_names, interfaces, macs)
+add_link = st.tuples(st.just("add_link"), names, port_names, names, port_names)
+add_tep = st.tuples(st.just("add_tep"), names, colours, points)
+update_port = st.tuples(
+    st.just("update_port"),
+    names,
+    port_names,
+    st.fixed_dictionaries({}, optional={"address": interfaces, "mac": macs}),
+)
+add_workload = st.tuples(
+    st.just("add_workload"),
+    st.sampled_from(["w1", "w2"]),
+    names,
+    st.sampled_from([100, 200]),
+    st.sampled_from(["vf0", "vf1"]),
+    st.sampled_from(["06:00:00:00:00:01", "06:00:00:00:00:02"]),
+    st.sampled_from(["100.64.0.1", "100.64.0.2"]),
+)
+# Branches are drawn about evenly, so the interesting ones are listed more than once.
+operations = st.one_of(
+    add_node,
+    add_port,
+    add_link,
+    add_link,
+    add_link,
+    add_tep,
+    add_tep,
+    update_port,
+    update_port,
+    add_workload,
+    add_workload,
+    st.tuples(st.just("delete_link"), st.integers(1, 4)),
+    st.tuples(st.just("delete_node"), names, st.booleans()),
+    st.tuples(st.just("delete_port"), names, port_names),
+    st.tuples(st.just("delete_tep"), names, colours),
+    st.tuples(st.just("update_node"), names, st.none() | points),
+    st.tuples(st.just("add_tenant"), st.sampled_from(["t1", "t2"])),
+    st.tuples(st.just("delete_tenant"), st.sampled_from(["t1", "t2"])),
+    st.tuples(
+        st.just("add_vni"),
+        st.sampled_from([100, 200]),
+        st.sampled_from(["v1", "v2"]),
+        st.sampled_from(["t1", "t2"]),
+    ),
+    st.tuples(st.just("delete_vni"), st.sampled_from([100, 200])),
+    st.tuples(st.just("delete_workload"), st.sampled_from(["w1", "w2"])),
+)
+# Address pairs for the two ends of a link: mostly one network, sometimes not (refused).
+link_nets = st.sampled_from(
+    [
+        (None, None),
+        ("10.0.0.0/31", "10.0.0.1/31"),
+        ("10.0.0.2/31", "10.0.0.3/31"),
+        ("10.0.1.1/29", "10.0.1.6/29"),
+        ("2001:db8::/127", "2001:db8::1/127"),
+        ("10.0.0.4/31", None),
+        ("10.0.0.6/31", "10.0.0.9/31"),
+    ]
+)
+
+
+def _prelude_mac(i: int) -> st.SearchStrategy[str | None]:
+    return st.sampled_from([None, f"02:00:00:00:01:0{i}", MACS[1]])
+
+
+preludes = st.tuples(
+    st.lists(link_nets, min_size=2, max_size=2, unique=True),
+    st.tuples(*(_prelude_mac(i) for i in range(4))),
+    points,
+).map(
+    lambda drawn: [
+        ("add_tenant", "t1"),
+        ("add_vni", 100, "v1", "t1"),
+        ("add_node", "n1", "host", None, [("e1", drawn[0][0][0], drawn[1][0])]),
+        (
+            "add_node",
+            "n2",
+            "switch",
+            None,
+            [("e1", drawn[0][0][1], drawn[1][1]), ("e2", drawn[0][1][0], drawn[1][2])],
+        ),
+        ("add_node", "n3", "host", None, [("e1", drawn[0][1][1], drawn[1][3])]),
+        ("add_link", "n1", "e1", "n2", "e1"),
+        ("add_link", "n3", "e1", "n2", "e2"),
+        ("add_tep", "n1", "red", drawn[2]),
+        ("add_workload", "w1", "n3", 100, "vf0", "06:00:00:00:00:01", "100.64.0.1"),
+    ]
+)
+
+
+def apply(fabric: Fabric, op: tuple[Any, ...]) -> list[Change] | None:
+    """Run one generated operation; None when it is not even a valid request (a self-loop)."""
+    match op:
+        case ("add_node", name, role, mgmt, ports):
+            spec = NodeSpec(
+                name=name,
+                role=role,
+                mgmt_address=mgmt,
+                ports=[PortSpec(name=p, address=a, mac=m) for p, a, m in ports],
+            )
+            return fabric.add_node(spec)
+        case ("add_port", node, name, address, mac):
+            return fabric.add_port(node, PortSpec(name=name, address=address, mac=mac))
+        case ("add_link", a_node, a_port, b_node, b_port):
+            if a_node == b_node:
+                return None
+            return fabric.add_link(link(f"{a_node}:{a_port}", f"{b_node}:{b_port}"))
+        case ("add_tep", node, colour, address):
+            return fabric.add_tep(tep(node, colour, address))
+        case ("delete_link", link_id):
+            return fabric.delete_link(link_id)
+        case ("delete_node", name, cascade):
+            return fabric.delete_node(name, cascade=cascade)
+        case ("delete_port", node, name):
+            return fabric.delete_port(node, name)
+        case ("delete_tep", node, colour):
+            return fabric.delete_tep(node, Colour(colour))
+        case ("update_port", node, name, fields):
+            return fabric.update_port(node, name, PortUpdate(**fields))
+        case ("update_node", name, mgmt):
+            return fabric.update_node(name, NodeUpdate(mgmt_address=mgmt))
+        case ("add_tenant", name):
+            return fabric.add_tenant(Tenant(name=name))
+        case ("delete_tenant", name):
+            return fabric.delete_tenant(name)
+        case ("add_vni", number, name, tenant):
+            return fabric.add_vni(Vni(vni=number, name=name, tenant=tenant))
+        case ("delete_vni", number):
+            return fabric.delete_vni(number)
+        case ("add_workload", name, node, vni, vf, mac, ip):
+            return fabric.add_workload(workload(name, node, vni, ip, mac, vf))
+        case ("delete_workload", name):
+            return fabric.delete_workload(name)
+    raise AssertionError(f"unknown operation {op!r}")  # pragma: no cover
+
+
+def _refs(kind: str, value: Any) -> list[tuple[str, str]]:
+    """The rows a row of this kind refers to (what the store's foreign keys enforce)."""
+    if kind == "port":
+        return [("node", value.node)]
+    if kind == "link":
+        return [("port", str(value.a)), ("port", str(value.b))]
+    if kind == "tep":
+        return [("node", value.node)]
+    if kind == "workload":
+        return [("node", value.node), ("vni", str(value.vni))]
+    if kind == "vni":
+        return [("tenant", value.tenant)]
+    return []
+
+
+def replay(rows: dict[tuple[str, str], Any], result: list[Change]) -> None:
+    """Apply changes as the store would, checking each is possible in the order given."""
+    for change in result:
+        key = (change.kind, change.key)
+        if change.op == "create":
+            assert key not in rows, f"{key} created twice"
+            for ref in _refs(change.kind, change.value):
+                assert ref in rows, f"{key} created before {ref}"
+            rows[key] = change.value
+        elif change.op == "update":
+            assert key in rows, f"{key} updated but does not exist"
+            rows[key] = change.value
+        else:
+            assert key in rows, f"{key} deleted but does not exist"
+            del rows[key]
+            dangling = [k for k, v in rows.items() if key in _refs(k[0], v)]
+            assert not dangling, f"{key} deleted while {dangling} refer to it"
+
+
+@settings(max_examples=100, deadline=None)
+@given(preludes, st.lists(operations, min_size=5, max_size=30))
+def test_every_operation_is_all_or_nothing_and_agrees_with_whole_document_validation(
+    prelude: list[tuple[Any, ...]], ops: list[tuple[Any, ...]]
+) -> None:
+    fabric = Fabric()
+    rows: dict[tuple[str, str], Any] = {}
+    for op in [*prelude, *ops]:
+        before = snapshot(fabric)
+        try:
+            result = apply(fabric, op)
+        except (FabricError, NotFound):
+            assert snapshot(fabric) == before, f"refused {op!r} changed the fabric"
+            continue
+        if result is not None:
+            # Only an update to the current values may change nothing (and then commits nothing).
+            assert result or op[0].startswith("update_"), f"{op!r} succeeded without a change"
+            replay(rows, result)
+    # the changes, applied in order, give exactly the fabric's rows
+    assert rows == {(c.kind, c.key): c.value for c in fabric.all_changes()}
+    # what the incremental rules built, the whole-document rules accept and rebuild equal
+    exported = fabric.to_document()
+    rebuilt = Fabric.from_document(FabricDocument.model_validate_json(exported.model_dump_json()))
+    # An import numbers links afresh; everything else must come back identical.
+    without_ids = {"links": {"__all__": {"id"}}}
+    assert rebuilt.to_document().model_dump(exclude=without_ids) == exported.model_dump(
+        exclude=without_ids
+    )
+    assert rule_state(rebuilt) == rule_state(fabric)

@@ -125,6 +125,11 @@ class Store:
         self.engine = engine
         self.dialect = engine.dialect.name
 
+    async def store_id(self) -> int:
+        """A random number fixed when the store was created: names this store's events."""
+        async with self.engine.connect() as conn:
+            return await _counter(conn, "store_id")
+
     @classmethod
     async def open(cls, url: str, migrate: bool = True) -> Store:
         url = database_url(url)

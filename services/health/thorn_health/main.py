@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from thorn.config import Settings
-from thorn.events import AGENT_REPORT_ALL
+from thorn.events import TOPOLOGY_CHANGED
 from thorn.service import serve, start_logging
 from thorn.shell import shell_app
 
@@ -11,7 +11,7 @@ from thorn.shell import shell_app
 def main() -> None:
     settings = Settings()
     start_logging(settings)
-    serve(shell_app("health", settings, [AGENT_REPORT_ALL]), settings)
+    serve(shell_app("health", settings, [TOPOLOGY_CHANGED]), settings)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel
 
 from thorn import clab, generators
-from thorn.auth import Admin, Operator, Principal, Viewer, hash_token, new_token
+from thorn.auth import Admin, Operator, Viewer, hash_token, new_token
 from thorn.fabric import Change, Fabric, NotFound
 from thorn.model import (
     AdminState,
@@ -37,7 +37,7 @@ from thorn.model import (
     Vni,
     Workload,
 )
-from thorn.web import ERROR_RESPONSES, Page, PageQuery, paginate
+from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
 from thorn_topology.service import TopologyService
 
 T = TypeVar("T")
@@ -146,13 +146,17 @@ async def fabric_import_containerlab(
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise HTTPException(400, f"body: containerlab file is not UTF-8 ({exc.reason})") from exc
+        msg = f"the containerlab file is not UTF-8 ({exc.reason})"
+        raise FieldError(400, ["body"], msg, "encoding") from exc
     try:
         result = clab.parse_clab(text)
     except clab.ClabError as exc:
-        raise HTTPException(422, f"{exc.loc}: {exc.message}" if exc.loc else exc.message) from exc
+        loc = ["body", exc.loc] if exc.loc else ["body"]
+        raise FieldError(422, loc, exc.message, "containerlab") from exc
     summary = await service.replace(principal, result.document, dry_run=dry_run, source="clab")
-    return ImportResult(dry_run=dry_run, summary=summary, warnings=result.warnings)
+    return ImportResult(
+        dry_run=dry_run, summary=summary, warnings=[str(w) for w in result.warnings]
+    )
 
 
 def _generator_route(name: str, params_model: type[BaseModel]) -> None:
@@ -165,7 +169,7 @@ def _generator_route(name: str, params_model: type[BaseModel]) -> None:
         try:
             document = generators.generate(name, params.model_dump())
         except ValueError as exc:
-            raise HTTPException(422, f"body: {exc}") from exc
+            raise FieldError(422, ["body"], str(exc), "generator") from exc
         summary = await service.replace(principal, document, dry_run=dry_run, source=name)
         return ImportResult(dry_run=dry_run, summary=summary)
 
@@ -201,7 +205,7 @@ async def list_nodes(
     for item in label:
         key, sep, value = item.partition("=")
         if not sep:
-            raise HTTPException(422, f"query.label: '{item}' is not key=value")
+            raise FieldError(422, ["query", "label"], f"'{item}' is not key=value", "value_error")
         wanted.append((key, value))
 
     def select(f: Fabric) -> list[Node]:
@@ -398,24 +402,18 @@ async def update_link(principal: Admin, service: Service, link_id: int, update: 
     return await _read(service, lambda f: f.link(link_id))
 
 
-async def _set_link_state(
-    principal: Principal, service: TopologyService, link_id: int, state: AdminState, action: str
-) -> Link:
-    update = LinkUpdate(admin_state=state)
-    await service.write(principal, action, str(link_id), lambda f: f.update_link(link_id, update))
-    return await _read(service, lambda f: f.link(link_id))
-
-
 @router.post("/links/{link_id}/drain", tags=["links"], response_model=Link)
 async def drain_link(principal: Operator, service: Service, link_id: int) -> Link:
     """Mark a link drained: path computation moves traffic off it (operator role)."""
-    return await _set_link_state(principal, service, link_id, AdminState.drained, "link.drain")
+    await service.write(principal, "link.drain", str(link_id), lambda f: f.drain_link(link_id))
+    return await _read(service, lambda f: f.link(link_id))
 
 
 @router.post("/links/{link_id}/undrain", tags=["links"], response_model=Link)
 async def undrain_link(principal: Operator, service: Service, link_id: int) -> Link:
-    """Return a drained link to service (operator role)."""
-    return await _set_link_state(principal, service, link_id, AdminState.up, "link.undrain")
+    """Return a drained link to service (operator role); a down link is refused (409)."""
+    await service.write(principal, "link.undrain", str(link_id), lambda f: f.undrain_link(link_id))
+    return await _read(service, lambda f: f.link(link_id))
 
 
 @router.delete("/links/{link_id}", tags=["links"], response_model=WriteResult)
@@ -592,9 +590,9 @@ async def delete_tep(principal: Admin, service: Service, node: str, colour: Colo
 # --- tokens and audit --------------------------------------------------------------------
 
 
-@router.get("/tokens", tags=["auth"], response_model=list[TokenPublic])
-async def list_tokens(_: Admin, service: Service) -> list[TokenPublic]:
-    return await service.store.tokens()
+@router.get("/tokens", tags=["auth"], response_model=Page[TokenPublic])
+async def list_tokens(_: Admin, service: Service, page: PageQuery) -> Page[TokenPublic]:
+    return paginate(await service.store.tokens(), page)
 
 
 @router.post("/tokens", tags=["auth"], response_model=TokenCreated, status_code=201)
@@ -607,13 +605,14 @@ async def create_token(principal: Admin, service: Service, request: TokenCreate)
     return TokenCreated(**public.model_dump(), token=secret)
 
 
-@router.delete("/tokens/{name}", tags=["auth"], response_model=WriteResult)
-async def delete_token(principal: Admin, service: Service, name: str) -> WriteResult:
+@router.delete("/tokens/{name}", tags=["auth"], status_code=204)
+async def delete_token(principal: Admin, service: Service, name: str) -> Response:
+    """Revoke a token at once; its next request gets 401."""
     if name == principal.name:
-        raise HTTPException(409, "path.name: a token cannot revoke itself")
+        raise FieldError(409, ["path", "name"], "a token cannot revoke itself", "conflict")
     if not await service.store.delete_token(name, principal.name):
         raise NotFound(f"token '{name}' not found")
-    return WriteResult(revision=await service.store.revision())
+    return Response(status_code=204)
 
 
 @router.get("/audit", tags=["auth"], response_model=Page[AuditEntry])

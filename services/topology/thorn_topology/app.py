@@ -59,7 +59,10 @@ def create_app(
                     f"\nTHORN bootstrap admin token (shown once, store it now): {generated}\n",
                     flush=True,
                 )
-            app.state.topology = TopologyService(the_store, the_bus)
+            service = TopologyService(the_store, the_bus, await the_store.store_id())
+            service.start()
+            stack.push_async_callback(service.stop)
+            app.state.topology = service
             app.state.token_lookup = the_store.token_by_hash
             log.info(
                 "topology_ready", database=the_store.dialect, revision=await the_store.revision()

@@ -2,18 +2,20 @@
 
 Reads are served from an in-memory snapshot of the store, refreshed whenever the store's
 revision moves (another replica may have written). A write validates against the snapshot,
-commits with compare-and-set on the revision, and only then announces `topology.changed`.
+commits with compare-and-set on the revision, and only then queues `topology.changed`; one
+publisher task sends the queue in revision order and retries while NATS is away.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import gzip
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from prometheus_client import Counter, Gauge
@@ -31,26 +33,62 @@ REVISION = Gauge("thorn_topology_revision", "Topology revision this replica serv
 WRITES = Counter("thorn_topology_writes_total", "Committed topology writes", ["action"])
 REJECTED = Counter("thorn_topology_rejected_total", "Writes refused by fabric rules", ["action"])
 ANNOUNCE_ERRORS = Counter(
-    "thorn_topology_announce_errors_total", "topology.changed events that could not be published"
+    "thorn_topology_announce_errors_total", "Failed attempts to publish topology.changed"
+)
+ANNOUNCE_DROPPED = Counter(
+    "thorn_topology_announce_dropped_total", "topology.changed events dropped (queue full)"
 )
 # Events carry at most this many change entries; bigger writes are summarised.
 MAX_EVENT_CHANGES = 500
 WRITE_ATTEMPTS = 3
+OUTBOX_SIZE = 10_000
+RETRY_MAX_S = 2.0
+DRAIN_TIMEOUT_S = 5.0
 
 Operation = Callable[[Fabric], list[Change]]
+T = TypeVar("T")
 
 
 class Publisher(Protocol):
     async def publish(self, event: TopologyChanged, *, msg_id: str | None = None) -> int | None: ...
 
 
+@dataclass(frozen=True)
+class SerialisedDocument:
+    revision: int
+    json: bytes
+    gzip: bytes
+
+
 class TopologyService:
-    def __init__(self, store: Store, bus: Publisher | None) -> None:
+    def __init__(self, store: Store, bus: Publisher | None, store_id: int = 0) -> None:
         self.store = store
         self.bus = bus
+        self.store_id = store_id
         self._fabric: Fabric | None = None
         self._lock = asyncio.Lock()
         self._document: SerialisedDocument | None = None
+        self._outbox: asyncio.Queue[TopologyChanged] = asyncio.Queue(OUTBOX_SIZE)
+        self._publisher: asyncio.Task[None] | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.bus is not None:
+            self._publisher = asyncio.create_task(self._publish_forever(self.bus))
+
+    async def stop(self) -> None:
+        """Give queued events a moment to go out, then stop the publisher."""
+        if self._publisher is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_TIMEOUT_S):
+                await self._outbox.join()
+        self._publisher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._publisher
+
+    # --- reading --------------------------------------------------------------------------
 
     async def _fresh(self) -> Fabric:
         revision = await self.store.revision()
@@ -77,6 +115,8 @@ class TopologyService:
                 self._document = await asyncio.to_thread(_serialise, fabric)
             return self._document
 
+    # --- writing --------------------------------------------------------------------------
+
     async def write(
         self,
         principal: Principal,
@@ -85,47 +125,42 @@ class TopologyService:
         operation: Operation,
         detail: dict[str, Any] | None = None,
     ) -> tuple[int, list[Change]]:
-        """Validate and apply one operation; return the new revision and its changes."""
-        for _ in range(WRITE_ATTEMPTS):
-            async with self._lock:
-                fabric = await self._fresh()
-                try:
-                    changes = operation(fabric)
-                except (FabricError, NotFound):
-                    REJECTED.labels(action).inc()
-                    raise  # the fabric rejected it before changing anything
-                except BaseException:
-                    self._fabric = None
-                    raise
-                try:
-                    revision = await self.store.commit(
-                        changes,
-                        expected_revision=fabric.revision,
-                        next_link_id=fabric.next_link_id,
-                        actor=principal.name,
-                        action=action,
-                        target=target,
-                        detail=detail or {},
-                    )
-                except StaleRevision:
-                    self._fabric = None  # another replica wrote first: reload, validate again
-                    continue
-                except BaseException:
-                    self._fabric = None
-                    raise
-                fabric.revision = revision
-                REVISION.set(revision)
+        """Validate and apply one operation; return the new revision and its changes.
+
+        An operation that changes nothing (a PATCH to the current values, a second drain)
+        returns the current revision and commits nothing.
+        """
+
+        async def attempt(fabric: Fabric) -> tuple[int, list[Change]]:
+            try:
+                changes = operation(fabric)
+            except (FabricError, NotFound):
+                REJECTED.labels(action).inc()
+                raise  # the fabric refused it before changing anything
+            if not changes:
+                return fabric.revision, changes
+            revision = await self.store.commit(
+                changes,
+                expected_revision=fabric.revision,
+                next_link_id=fabric.next_link_id,
+                actor=principal.name,
+                action=action,
+                target=target,
+                detail=detail or {},
+            )
+            fabric.revision = revision
             WRITES.labels(action).inc()
-            await self._announce(revision, principal, [c.summary for c in changes])
+            self._announce(revision, principal, [c.summary for c in changes])
             return revision, changes
-        raise FabricError.one((), "the topology kept changing under this write; retry", "conflict")
+
+        return await self._with_retries(attempt)
 
     async def replace(
         self, principal: Principal, doc: FabricDocument, *, dry_run: bool, source: str
     ) -> FabricSummary:
         """Validate a whole fabric and, unless `dry_run`, make it the topology (all or nothing)."""
-        async with self._lock:
-            current = await self._fresh()
+
+        async def attempt(current: Fabric) -> FabricSummary:
             try:
                 new = await asyncio.to_thread(
                     Fabric.from_document, doc, current.revision, current.next_link_id
@@ -136,26 +171,41 @@ class TopologyService:
             if dry_run:
                 return new.summary()
             detail = {"source": source, **new.summary().model_dump(exclude={"revision"})}
-            try:
-                revision = await self.store.replace(
-                    new, expected_revision=current.revision, actor=principal.name, detail=detail
-                )
-            except BaseException:
-                self._fabric = None
-                raise
+            revision = await self.store.replace(
+                new, expected_revision=current.revision, actor=principal.name, detail=detail
+            )
             new.revision = revision
             self._fabric = new
             REVISION.set(revision)
             _settle()
-        WRITES.labels("fabric.import").inc()
-        await self._announce(
-            revision, principal, [{"kind": "fabric", "op": "replace", "key": source}]
-        )
-        return new.summary()
+            WRITES.labels("fabric.import").inc()
+            self._announce(
+                revision, principal, [{"kind": "fabric", "op": "replace", "key": source}]
+            )
+            return new.summary()
 
-    async def _announce(
-        self, revision: int, principal: Principal, changes: list[dict[str, str]]
-    ) -> None:
+        return await self._with_retries(attempt)
+
+    async def _with_retries(self, attempt: Callable[[Fabric], Awaitable[T]]) -> T:
+        """Run a write under the lock; on a concurrent write elsewhere, reload and redo it."""
+        for _ in range(WRITE_ATTEMPTS):
+            async with self._lock:
+                fabric = await self._fresh()
+                try:
+                    return await attempt(fabric)
+                except StaleRevision:
+                    self._fabric = None  # another replica wrote first: reload, validate again
+                except (FabricError, NotFound):
+                    raise  # refused by the rules: the snapshot was not touched
+                except BaseException:
+                    self._fabric = None  # unknown state: reload before the next request
+                    raise
+        raise FabricError.one((), "the topology kept changing under this write; retry", "conflict")
+
+    # --- events ---------------------------------------------------------------------------
+
+    def _announce(self, revision: int, principal: Principal, changes: list[dict[str, str]]) -> None:
+        """Queue topology.changed; called under the write lock, so the queue is in order."""
         if len(changes) > MAX_EVENT_CHANGES:
             changes = [{"kind": "fabric", "op": "update", "key": f"{len(changes)} changes"}]
         event = TopologyChanged(
@@ -167,10 +217,26 @@ class TopologyService:
         if self.bus is None:
             return
         try:
-            await self.bus.publish(event, msg_id=f"topology-{revision}")
-        except Exception as exc:  # the write is committed; consumers also poll the revision
-            ANNOUNCE_ERRORS.inc()
-            log.error("announce_failed", revision=revision, error=str(exc))
+            self._outbox.put_nowait(event)
+        except asyncio.QueueFull:  # NATS away for long: consumers catch up from the revision
+            ANNOUNCE_DROPPED.inc()
+            log.error("announce_dropped", revision=revision)
+
+    async def _publish_forever(self, bus: Publisher) -> None:
+        while True:
+            event = await self._outbox.get()
+            delay = 0.05
+            while True:
+                try:
+                    msg_id = f"topology-{self.store_id:x}-{event.revision}"
+                    await bus.publish(event, msg_id=msg_id)
+                    break
+                except Exception as exc:
+                    ANNOUNCE_ERRORS.inc()
+                    log.warning("announce_retry", revision=event.revision, error=str(exc))
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RETRY_MAX_S)
+            self._outbox.task_done()
 
 
 def _settle() -> None:
@@ -182,13 +248,6 @@ def _settle() -> None:
     """
     gc.collect()
     gc.freeze()
-
-
-@dataclass(frozen=True)
-class SerialisedDocument:
-    revision: int
-    json: bytes
-    gzip: bytes
 
 
 def _serialise(fabric: Fabric) -> SerialisedDocument:

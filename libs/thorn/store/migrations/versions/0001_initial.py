@@ -5,6 +5,8 @@ Revises:
 Create Date: 2026-11-30
 """
 
+import secrets
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -22,7 +24,13 @@ def upgrade() -> None:
     )
     op.bulk_insert(
         sa.table("meta", sa.column("key", sa.String), sa.column("value", sa.Integer)),
-        [{"key": "revision", "value": 0}, {"key": "next_link_id", "value": 1}],
+        [
+            {"key": "revision", "value": 0},
+            {"key": "next_link_id", "value": 1},
+            # Tells this store's events apart from another's (a restored backup, a second
+            # deployment on the same NATS) in JetStream's de-duplication window.
+            {"key": "store_id", "value": secrets.randbits(31)},
+        ],
     )
     op.create_table(
         "nodes",

@@ -1,0 +1,747 @@
+"""thornctl: THORN's command line. It talks only to the topology service's REST API.
+
+Global options (before the command)
+    --url URL          the API (env THORN_URL; default http://127.0.0.1:8080)
+    --token TOKEN      a bearer token (env THORN_TOKEN)
+    -o, --output FMT   table (default; rich tables for people), json (exactly the API's
+                       JSON, for scripts) or yaml (env THORN_OUTPUT)
+    --timeout SECONDS  per request (env THORN_TIMEOUT; default 60)
+
+Commands
+    import FILE|-          replace the fabric with a THORN document (JSON or YAML) or a
+                           containerlab file (.clab.yml, or any YAML with `topology:`)
+    export                 print or --file the whole fabric document
+    generate NAME          replace the fabric with a generated one (--set key=value)
+    generate --list        generators and their parameters (also: `generators`)
+    summary, whoami
+    nodes list|show, links list|show|drain|undrain, tokens list|create|revoke, audit
+
+Exit codes (BSD sysexits where one fits)
+    0   success
+    1   the server refused the request (4xx): its `detail` line is printed
+    2   usage error: unknown command or option, bad option value, bad --set syntax
+    65  EX_DATAERR: an input file cannot be parsed (bad JSON/YAML, not UTF-8, empty)
+    66  EX_NOINPUT: an input file does not exist or cannot be read
+    69  EX_UNAVAILABLE: cannot reach THORN (refused, DNS, timeout) or it failed (5xx)
+    73  EX_CANTCREAT: the --file of `export` cannot be written
+    76  EX_PROTOCOL: the answer is not THORN's JSON (is --url right?)
+    77  EX_NOPERM: 401 (missing, wrong or revoked token) or 403 (role too weak)
+
+Results go to stdout; errors ("Error: ...", one line, never a traceback) and warnings go
+to stderr.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote, urlsplit
+
+import typer
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TransferSpeedColumn,
+)
+from typer.core import TyperGroup
+
+from thorn.cli.client import API, Client
+from thorn.cli.errors import CliError, ExitCode
+from thorn.cli.files import Document, InputFormat, load_document, write_text
+from thorn.cli.render import Out, OutputFormat, page_caption, to_json, to_yaml
+from thorn.model import AdminState, Role, TokenRole
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+DEFAULT_TIMEOUT = 60.0
+UPLOAD_CHUNK = 256 * 1024
+
+EPILOG = """\
+\b
+Exit codes:
+  0   success
+  1   the server refused the request (4xx); its detail line is printed
+  2   usage error (unknown command or option, bad option value)
+  65  an input file cannot be parsed (bad JSON/YAML, not UTF-8, empty)
+  66  an input file does not exist or cannot be read
+  69  cannot reach THORN (refused, DNS, timeout) or it failed (5xx)
+  73  the output file cannot be written
+  76  the answer is not THORN's JSON (is --url right?)
+  77  token missing, wrong or revoked (401) or its role is too weak (403)
+"""
+
+
+class ThornGroup(TyperGroup):
+    """Turns a `CliError` from any command into one line on stderr and its exit code."""
+
+    # `ctx` is Typer's Click context; Any keeps this override independent of where Typer
+    # keeps its Click (0.29 vendors it as a private module).
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CliError as exc:
+            typer.echo(f"Error: {exc.message}", err=True)
+            raise typer.Exit(int(exc.code)) from None
+
+
+app = typer.Typer(
+    cls=ThornGroup,
+    name="thornctl",
+    help="Command line for THORN, the SDN controller for RDMA training fabrics.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    rich_markup_mode=None,
+)
+nodes_app = typer.Typer(help="Fabric nodes (hosts and switches).", no_args_is_help=True)
+links_app = typer.Typer(help="Links between ports; drain and undrain.", no_args_is_help=True)
+tokens_app = typer.Typer(help="API tokens (admin role).", no_args_is_help=True)
+app.add_typer(nodes_app, name="nodes")
+app.add_typer(links_app, name="links")
+app.add_typer(tokens_app, name="tokens")
+
+
+@dataclass
+class State:
+    url: str
+    token: str | None
+    timeout: float
+    out: Out
+    _client: Client | None = field(default=None, init=False)
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            self._client = Client(self.url, self.token, self.timeout)
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+
+
+def _state(ctx: typer.Context) -> State:
+    state = ctx.find_object(State)
+    assert state is not None, "main() sets the state before any command runs"
+    return state
+
+
+@app.callback()
+def main(
+    ctx: typer.Context,
+    url: Annotated[
+        str, typer.Option("--url", envvar="THORN_URL", help="THORN's REST API base URL.")
+    ] = DEFAULT_URL,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", envvar="THORN_TOKEN", help="Bearer token.", show_default=False),
+    ] = None,
+    output: Annotated[
+        OutputFormat,
+        typer.Option(
+            "--output",
+            "-o",
+            envvar="THORN_OUTPUT",
+            case_sensitive=False,
+            help="table for people; json (the API's own JSON) or yaml for scripts.",
+        ),
+    ] = OutputFormat.table,
+    timeout: Annotated[
+        float,
+        typer.Option(
+            "--timeout", envvar="THORN_TIMEOUT", min=0.1, help="Seconds to wait per request."
+        ),
+    ] = DEFAULT_TIMEOUT,
+) -> None:
+    """Command line for THORN, the SDN controller for RDMA training fabrics."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise typer.BadParameter(f"'{url}' is not an http:// or https:// URL", param_hint="--url")
+    state = State(url=url, token=token or None, timeout=timeout, out=Out(output))
+    ctx.obj = state
+    ctx.call_on_close(state.close)
+
+
+# --- import, export, generate ----------------------------------------------------------------
+
+
+def _upload(state: State, doc: Document, path: str, dry_run: bool) -> dict[str, Any]:
+    """POST the document; on a terminal, show upload progress and then a spinner on stderr."""
+    params = {"dry_run": "true"} if dry_run else {}
+    headers = {"Content-Type": doc.content_type}
+    if not state.out.stderr_is_terminal:
+        result: dict[str, Any] = state.client.request(
+            "POST", f"{API}{path}", params=params, content=doc.body, headers=headers
+        )
+        return result
+    size = len(doc.body)
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+    )
+    with Progress(*columns, console=state.out.err, transient=True) as progress:
+        task = progress.add_task(f"uploading {doc.name}", total=size)
+
+        def chunks() -> Iterator[bytes]:
+            for start in range(0, size, UPLOAD_CHUNK):
+                chunk = doc.body[start : start + UPLOAD_CHUNK]
+                yield chunk
+                progress.advance(task, len(chunk))
+            what = "validating" if dry_run else "validating and storing"
+            progress.update(task, description=f"{what} (server side)")
+
+        result = state.client.request(
+            "POST",
+            f"{API}{path}",
+            params=params,
+            content=chunks(),
+            headers={**headers, "Content-Length": str(size)},
+        )
+    return result
+
+
+def _show_import(out: Out, result: dict[str, Any], what: str) -> None:
+    if out.data(result):
+        return
+    summary = result["summary"]
+    if result.get("dry_run"):
+        title = f"Dry run of {what}: valid; nothing changed (revision {summary['revision']})"
+    else:
+        title = f"Imported {what}: the fabric is now revision {summary['revision']}"
+    out.fields([(k, v) for k, v in summary.items() if k != "revision"], title=title)
+    warnings: list[str] = result.get("warnings") or []
+    for warning in warnings:
+        out.warn(warning)
+    if warnings:
+        out.note(f"{len(warnings)} warning(s): the items above were skipped")
+
+
+@app.command("import")
+def import_(
+    ctx: typer.Context,
+    file: Annotated[
+        str,
+        typer.Argument(
+            metavar="FILE",
+            help="THORN document (.json/.yaml) or containerlab file (.clab.yml); '-' is stdin.",
+            show_default=False,
+        ),
+    ],
+    fmt: Annotated[
+        InputFormat,
+        typer.Option(
+            "--format",
+            case_sensitive=False,
+            help="auto: containerlab for *.clab.yml/yaml or a top-level 'topology:' key.",
+        ),
+    ] = InputFormat.auto,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate on the server; change nothing.")
+    ] = False,
+) -> None:
+    """Replace the whole fabric with FILE (all or nothing; admin role)."""
+    state = _state(ctx)
+    doc = load_document(file, fmt)
+    path = "/fabric/import/containerlab" if doc.kind is InputFormat.clab else "/fabric/import"
+    result = _upload(state, doc, path, dry_run)
+    _show_import(state.out, result, doc.name)
+
+
+@app.command()
+def export(
+    ctx: typer.Context,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="Write here (atomically) instead of stdout."),
+    ] = None,
+    as_yaml: Annotated[
+        bool,
+        typer.Option("--yaml", help="YAML instead of JSON (default for a .yaml/.yml --file)."),
+    ] = False,
+) -> None:
+    """Print (or write) the whole fabric as a document `import` accepts."""
+    state = _state(ctx)
+    document: dict[str, Any] = state.client.get("/fabric")
+    yaml_wanted = (
+        as_yaml
+        or state.out.fmt is OutputFormat.yaml
+        or (file is not None and file.suffix.lower() in (".yaml", ".yml"))
+    )
+    text = to_yaml(document) if yaml_wanted else to_json(document) + "\n"
+    if file is None:
+        typer.echo(text, nl=False)
+        return
+    write_text(file, text)
+    nodes, links = len(document.get("nodes", [])), len(document.get("links", []))
+    state.out.line(
+        f"Exported revision {document.get('revision')} ({nodes} nodes, {links} links) to {file}"
+    )
+
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def parse_value(raw: str) -> bool | int | str:
+    """A --set value: true/false are booleans, whole numbers integers, the rest strings."""
+    text = raw.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if _INT.fullmatch(text):
+        return int(text)
+    return raw
+
+
+def parse_sets(items: list[str]) -> dict[str, bool | int | str]:
+    params: dict[str, bool | int | str] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise typer.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--set")
+        if key in params:
+            raise typer.BadParameter(f"'{key}' is given twice", param_hint="--set")
+        params[key] = parse_value(raw)
+    return params
+
+
+def _generator_list(state: State) -> list[dict[str, Any]]:
+    """Generators and their parameters, from the server's OpenAPI document.
+
+    A server that does not publish /openapi.json (404) gets this client's own registry.
+    """
+    try:
+        spec: dict[str, Any] = state.client.request("GET", "/openapi.json")
+    except CliError as exc:
+        if exc.status != 404:
+            raise
+        return _local_generators()
+    schemas: dict[str, Any] = spec.get("components", {}).get("schemas", {})
+    prefix = f"{API}/fabric/generate/"
+    found = []
+    for path, item in sorted(spec.get("paths", {}).items()):
+        if not path.startswith(prefix):
+            continue
+        body = item.get("post", {}).get("requestBody", {}).get("content", {})
+        schema = body.get("application/json", {}).get("schema", {})
+        ref = schema.get("$ref", "")
+        if ref.startswith("#/components/schemas/"):
+            schema = schemas.get(ref.rsplit("/", 1)[1], {})
+        found.append(_generator_info(path[len(prefix) :], schema))
+    return found
+
+
+def _local_generators() -> list[dict[str, Any]]:
+    from thorn.generators import GENERATORS
+
+    return [
+        _generator_info(name.replace("_", "-"), entry.params.model_json_schema())
+        for name, entry in sorted(GENERATORS.items())
+    ]
+
+
+def _generator_info(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    wanted = ("type", "default", "minimum", "maximum", "description")
+    parameters = {
+        param: {k: _whole(prop[k]) for k in wanted if k in prop}
+        for param, prop in schema.get("properties", {}).items()
+    }
+    return {"name": name, "description": schema.get("description", ""), "parameters": parameters}
+
+
+def _whole(value: Any) -> Any:
+    # OpenAPI renders integer bounds as 256.0.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _show_generators(state: State, only: str | None) -> None:
+    generators = _generator_list(state)
+    if only is not None:
+        wanted = only.replace("_", "-")
+        generators = [g for g in generators if g["name"] == wanted]
+        if not generators:
+            raise CliError(_unknown_generator(only, _generator_list(state)), ExitCode.USAGE)
+    if state.out.data(generators):
+        return
+    rows = []
+    for g in generators:
+        for i, (param, p) in enumerate(g["parameters"].items()):
+            low, high = p.get("minimum"), p.get("maximum")
+            bounds = f"{low}..{high}" if low is not None or high is not None else ""
+            default = p.get("default")
+            rows.append(
+                [
+                    g["name"] if i == 0 else "",
+                    param,
+                    p.get("type", ""),
+                    str(default).lower() if isinstance(default, bool) else default,
+                    bounds.replace("None", ""),
+                    p.get("description", ""),
+                ]
+            )
+    state.out.table(
+        ["GENERATOR", "PARAMETER", "TYPE", "DEFAULT", "RANGE", "DESCRIPTION"],
+        rows,
+        caption="thornctl generate NAME --set PARAMETER=VALUE ...",
+        no_wrap=2,
+    )
+
+
+def _unknown_generator(name: str, known: list[dict[str, Any]]) -> str:
+    names = ", ".join(g["name"] for g in known)
+    return f"unknown generator '{name}'; known: {names} (see thornctl generate --list)"
+
+
+def _spinner(out: Out, message: str) -> AbstractContextManager[object]:
+    return out.err.status(message) if out.stderr_is_terminal else nullcontext()
+
+
+@app.command()
+def generate(
+    ctx: typer.Context,
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="NAME", help="Generator, e.g. leaf-spine or fat-tree.", show_default=False
+        ),
+    ] = None,
+    sets: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            "-s",
+            metavar="KEY=VALUE",
+            help="A parameter (repeat); true/false and integers are typed.",
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate on the server; change nothing.")
+    ] = False,
+    list_: Annotated[
+        bool, typer.Option("--list", help="List the generators and their parameters.")
+    ] = False,
+) -> None:
+    """Replace the whole fabric with a generated topology (admin role)."""
+    state = _state(ctx)
+    if list_:
+        _show_generators(state, name)
+        return
+    if name is None:
+        raise CliError(
+            "missing generator NAME (thornctl generate --list shows them)", ExitCode.USAGE
+        )
+    params = parse_sets(sets or [])
+    route = name.replace("_", "-")
+    try:
+        with _spinner(state.out, f"generating {route}"):
+            result: dict[str, Any] = state.client.post(
+                f"/fabric/generate/{quote(route, safe='')}",
+                json_body=params,
+                dry_run="true" if dry_run else None,
+            )
+    except CliError as exc:
+        if exc.status != 404:
+            raise
+        raise CliError(_unknown_generator(name, _generator_list(state)), ExitCode.USAGE) from exc
+    _show_import(state.out, result, f"generated {route}")
+
+
+@app.command()
+def generators(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Argument(help="Only this generator.")] = None,
+) -> None:
+    """List the generators the server offers and their parameters."""
+    _show_generators(_state(ctx), name)
+
+
+# --- fabric-wide reads -----------------------------------------------------------------------
+
+
+@app.command()
+def summary(ctx: typer.Context) -> None:
+    """Counts of nodes, ports, links, ... and the fabric's revision."""
+    state = _state(ctx)
+    result: dict[str, Any] = state.client.get("/fabric/summary")
+    if not state.out.data(result):
+        state.out.fields(result.items(), title=f"THORN at {state.client.url}")
+
+
+@app.command()
+def whoami(ctx: typer.Context) -> None:
+    """The token's name and role."""
+    state = _state(ctx)
+    result: dict[str, Any] = state.client.get("/whoami")
+    if not state.out.data(result):
+        state.out.fields([*result.items(), ("url", state.client.url)])
+
+
+Limit = Annotated[
+    int | None, typer.Option("--limit", min=1, max=1000, help="Page size (server default 100).")
+]
+Offset = Annotated[int | None, typer.Option("--offset", min=0, help="Items to skip.")]
+All = Annotated[bool, typer.Option("--all", help="Fetch every page.")]
+
+
+def _page(
+    state: State, path: str, limit: int | None, offset: int | None, everything: bool, **q: Any
+) -> dict[str, Any]:
+    if everything and (limit is not None or offset is not None):
+        raise typer.BadParameter("cannot be combined with --limit or --offset", param_hint="--all")
+    return state.client.pages(path, limit=limit, offset=offset, everything=everything, **q)
+
+
+# --- nodes -----------------------------------------------------------------------------------
+
+
+@nodes_app.command("list")
+def nodes_list(
+    ctx: typer.Context,
+    role: Annotated[Role | None, typer.Option("--role", case_sensitive=False)] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", "-l", metavar="KEY=VALUE", help="Repeat to AND."),
+    ] = None,
+    admin_state: Annotated[AdminState | None, typer.Option("--state", case_sensitive=False)] = None,
+    prefix: Annotated[str | None, typer.Option("--prefix", help="Name prefix.")] = None,
+    limit: Limit = None,
+    offset: Offset = None,
+    everything: All = False,
+) -> None:
+    """List nodes, sorted by name."""
+    state = _state(ctx)
+    for item in label or []:
+        if "=" not in item:
+            raise typer.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--label")
+    page = _page(
+        state,
+        "/nodes",
+        limit,
+        offset,
+        everything,
+        role=role.value if role else None,
+        label=label or None,
+        admin_state=admin_state.value if admin_state else None,
+        name_prefix=prefix,
+    )
+    if state.out.data(page):
+        return
+    state.out.table(
+        ["NAME", "ROLE", "STATE", "MGMT ADDRESS", "LABELS"],
+        (
+            [n["name"], n["role"], n["admin_state"], n.get("mgmt_address"), n.get("labels")]
+            for n in page["items"]
+        ),
+        caption=page_caption(page, "nodes"),
+    )
+
+
+@nodes_app.command("show")
+def nodes_show(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Node name.")]) -> None:
+    """A node with its ports and links."""
+    state = _state(ctx)
+    node: dict[str, Any] = state.client.get(f"/nodes/{quote(name, safe='')}")
+    if state.out.data(node):
+        return
+    out = state.out
+    out.fields(
+        [(k, node.get(k)) for k in ("name", "role", "admin_state", "mgmt_address", "labels")]
+    )
+    out.line()
+    out.table(
+        ["PORT", "MAC", "ADDRESS", "SPEED (Mb/s)"],
+        ([p["name"], p.get("mac"), p.get("address"), p.get("speed_mbps")] for p in node["ports"]),
+        caption=f"{len(node['ports'])} ports",
+    )
+    links = state.client.pages("/links", limit=None, offset=None, everything=True, node=name)
+    rows = []
+    for lk in links["items"]:
+        near, far = (lk["a"], lk["b"]) if lk["a"]["node"] == name else (lk["b"], lk["a"])
+        rows.append(
+            [lk["id"], near["port"], f"{far['node']}:{far['port']}", lk["admin_state"], lk["srlgs"]]
+        )
+    out.line()
+    out.table(
+        ["LINK", "PORT", "PEER", "STATE", "SRLGS"], rows, caption=page_caption(links, "links")
+    )
+
+
+# --- links -----------------------------------------------------------------------------------
+
+
+def _end(ref: dict[str, Any]) -> str:
+    return f"{ref['node']}:{ref['port']}"
+
+
+@links_app.command("list")
+def links_list(
+    ctx: typer.Context,
+    node: Annotated[str | None, typer.Option("--node", help="With an end on this node.")] = None,
+    admin_state: Annotated[AdminState | None, typer.Option("--state", case_sensitive=False)] = None,
+    srlg: Annotated[str | None, typer.Option("--srlg", help="In this SRLG.")] = None,
+    limit: Limit = None,
+    offset: Offset = None,
+    everything: All = False,
+) -> None:
+    """List links, sorted by id."""
+    state = _state(ctx)
+    page = _page(
+        state,
+        "/links",
+        limit,
+        offset,
+        everything,
+        node=node,
+        admin_state=admin_state.value if admin_state else None,
+        srlg=srlg,
+    )
+    if state.out.data(page):
+        return
+    state.out.table(
+        ["ID", "A", "B", "STATE", "SRLGS"],
+        (
+            [lk["id"], _end(lk["a"]), _end(lk["b"]), lk["admin_state"], lk["srlgs"]]
+            for lk in page["items"]
+        ),
+        caption=page_caption(page, "links"),
+        no_wrap=3,
+    )
+
+
+LinkId = Annotated[int, typer.Argument(metavar="ID", help="Link id.", show_default=False)]
+
+
+def _show_link(out: Out, link: dict[str, Any], title: str | None = None) -> None:
+    if out.data(link):
+        return
+    out.fields(
+        [
+            ("id", link["id"]),
+            ("a", _end(link["a"])),
+            ("b", _end(link["b"])),
+            ("admin_state", link["admin_state"]),
+            ("srlgs", link["srlgs"]),
+        ],
+        title=title,
+    )
+
+
+@links_app.command("show")
+def links_show(ctx: typer.Context, link_id: LinkId) -> None:
+    """One link."""
+    state = _state(ctx)
+    _show_link(state.out, state.client.get(f"/links/{link_id}"))
+
+
+@links_app.command("drain")
+def links_drain(ctx: typer.Context, link_id: LinkId) -> None:
+    """Drain a link: path computation moves traffic off it (operator role)."""
+    state = _state(ctx)
+    link = state.client.post(f"/links/{link_id}/drain")
+    _show_link(state.out, link, title=f"Link {link_id} drained")
+
+
+@links_app.command("undrain")
+def links_undrain(ctx: typer.Context, link_id: LinkId) -> None:
+    """Return a drained link to service (operator role)."""
+    state = _state(ctx)
+    link = state.client.post(f"/links/{link_id}/undrain")
+    _show_link(state.out, link, title=f"Link {link_id} back in service")
+
+
+# --- tokens and audit ------------------------------------------------------------------------
+
+
+@tokens_app.command("list")
+def tokens_list(ctx: typer.Context) -> None:
+    """List tokens (never their secrets)."""
+    state = _state(ctx)
+    page = _page(state, "/tokens", None, None, True)
+    if state.out.data(page):
+        return
+    tokens: list[dict[str, Any]] = page["items"]
+    state.out.table(
+        ["NAME", "ROLE", "CREATED", "CREATED BY"],
+        ([t["name"], t["role"], t["created_at"], t["created_by"]] for t in tokens),
+        caption=f"{len(tokens)} tokens",
+    )
+
+
+@tokens_app.command("create")
+def tokens_create(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Token name (shown in the audit log).")],
+    role: Annotated[TokenRole, typer.Option("--role", "-r", case_sensitive=False)],
+) -> None:
+    """Create a token and print its secret: the only time it is shown."""
+    state = _state(ctx)
+    created: dict[str, Any] = state.client.post(
+        "/tokens", json_body={"name": name, "role": role.value}
+    )
+    if state.out.data(created):
+        return
+    out = state.out
+    out.line(f"Created token '{created['name']}' with role {created['role']}.")
+    out.line("Its secret, shown only this once (THORN keeps only a hash):")
+    out.line()
+    out.console.print(f"    {created['token']}", style="bold", markup=False, soft_wrap=True)
+    out.line()
+    out.line("Use it as: THORN_TOKEN=<secret> thornctl ...  or  thornctl --token <secret> ...")
+
+
+@tokens_app.command("revoke")
+def tokens_revoke(ctx: typer.Context, name: Annotated[str, typer.Argument()]) -> None:
+    """Revoke a token: it stops working at once."""
+    state = _state(ctx)
+    result = state.client.delete(f"/tokens/{quote(name, safe='')}")
+    if not state.out.data(result):
+        state.out.line(f"Revoked token '{name}'.")
+
+
+@app.command()
+def audit(
+    ctx: typer.Context,
+    actor: Annotated[str | None, typer.Option("--actor", help="Token name.")] = None,
+    action: Annotated[
+        str | None, typer.Option("--action", help="Prefix, e.g. 'link.' or 'node.create'.")
+    ] = None,
+    limit: Limit = None,
+    offset: Offset = None,
+    everything: All = False,
+) -> None:
+    """The audit log, newest first (operator role)."""
+    state = _state(ctx)
+    page = _page(state, "/audit", limit, offset, everything, actor=actor, action=action)
+    if state.out.data(page):
+        return
+    state.out.table(
+        ["ID", "AT", "ACTOR", "ACTION", "TARGET", "REVISION", "DETAIL"],
+        (
+            [
+                e["id"],
+                e["at"],
+                e["actor"],
+                e["action"],
+                e["target"],
+                e.get("revision"),
+                _short(e.get("detail") or {}),
+            ]
+            for e in page["items"]
+        ),
+        caption=page_caption(page, "entries"),
+        no_wrap=2,
+    )
+
+
+def _short(detail: dict[str, Any], width: int = 60) -> str:
+    text = ", ".join(f"{k}={v}" for k, v in detail.items())
+    return text if len(text) <= width else text[: width - 1] + "…"

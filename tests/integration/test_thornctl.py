@@ -1,0 +1,688 @@
+"""`thornctl` against a real topology service: uvicorn in a thread, SQLite, real NATS.
+
+The CLI talks HTTP to the server exactly as it would in production; nothing is mocked.
+Most tests drive it in-process with Typer's CliRunner (stdout and stderr kept apart), and
+`test_the_installed_thornctl_exits_with_conventional_codes` runs `.venv/bin/thornctl` as
+a subprocess to check real exit codes. Every test starts from the same small fabric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+import yaml
+from typer.testing import CliRunner, Result
+
+from thorn.bus import Bus
+from thorn.cli.main import app
+from thorn.config import Settings
+from thorn.store import Store
+from thorn_topology.app import create_app
+
+ADMIN = "thn_thornctl-test-admin"
+STARTUP = 30.0  # seconds for the server to answer /healthz
+SHUTDOWN = 15.0
+THORNCTL = Path(sys.executable).with_name("thornctl")
+
+# The fabric every test starts from: two switches, one host, two links.
+SMALL: dict[str, Any] = {
+    "format": "thorn.fabric/v1",
+    "nodes": [
+        {
+            "name": "spine1",
+            "role": "switch",
+            "labels": {"tier": "spine"},
+            "ports": [{"name": "swp1"}],
+        },
+        {
+            "name": "leaf1",
+            "role": "switch",
+            "labels": {"tier": "leaf"},
+            "ports": [{"name": "swp1"}, {"name": "swp2"}],
+        },
+        {"name": "gpu1", "role": "host", "labels": {"tier": "host"}, "ports": [{"name": "eth1"}]},
+    ],
+    "links": [
+        {"a": "leaf1:swp2", "b": "spine1:swp1", "srlgs": ["duct-7"]},
+        {"a": "gpu1:eth1", "b": "leaf1:swp1"},
+    ],
+}
+
+NATIVE_YAML = """\
+format: thorn.fabric/v1
+nodes:
+  - name: sw-a
+    role: switch
+    ports: [{name: swp1}, {name: swp2}]
+  - name: sw-b
+    role: switch
+    ports: [{name: swp1}]
+  - name: host-a
+    role: host
+    ports: [{name: eth1}]
+links:
+  - {a: "sw-a:swp1", b: "sw-b:swp1"}
+  - {a: "host-a:eth1", b: "sw-a:swp2"}
+"""
+
+CLAB = """\
+name: lab
+topology:
+  kinds:
+    nokia_srlinux: {image: ghcr.io/nokia/srlinux}
+  nodes:
+    spine1: {kind: nokia_srlinux}
+    leaf1: {kind: nokia_srlinux}
+    gpu1: {kind: linux, image: alpine}
+  links:
+    - endpoints: ["spine1:e1-1", "leaf1:e1-49"]
+    - endpoints: ["leaf1:e1-1", "gpu1:eth1"]
+"""
+# A bridge is a shared L2 segment, not a fabric node: it and its links are skipped.
+CLAB_WITH_BRIDGE = (
+    CLAB.replace("  links:\n", "    br0: {kind: bridge}\n  links:\n")
+    + '    - endpoints: ["gpu1:eth2", "br0:eth1"]\n'
+)
+
+
+# --- the server ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thorn_url(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real topology app under uvicorn, in a thread with its own event loop."""
+    data_dir = tmp_path_factory.mktemp("thornctl")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))  # bound before the thread starts: no port race
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    servers: list[uvicorn.Server] = []
+    errors: list[BaseException] = []
+
+    async def serve() -> None:
+        store = await Store.open(f"sqlite:///{data_dir / 'thorn.db'}")
+        try:
+            bus = await Bus.connect(nats_url, name="thornctl-test")
+            try:
+                await bus.ensure_streams()
+                settings = Settings(admin_token=ADMIN, data_dir=data_dir)
+                config = uvicorn.Config(
+                    create_app(settings, store=store, bus=bus),
+                    log_level="warning",
+                    log_config=None,
+                    lifespan="on",
+                )
+                server = uvicorn.Server(config)
+                servers.append(server)
+                await server.serve(sockets=[sock])
+            finally:
+                await bus.close()
+        finally:
+            await store.close()
+
+    def run() -> None:
+        try:
+            asyncio.run(serve())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, name="thorn-topology", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP
+    while True:
+        assert not errors, f"the topology service failed to start: {errors[0]!r}"
+        assert thread.is_alive(), "the topology service thread exited during startup"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"/healthz did not answer within {STARTUP} s"
+        time.sleep(0.05)
+    try:
+        yield url
+    finally:
+        for server in servers:
+            server.should_exit = True
+        thread.join(SHUTDOWN)
+        sock.close()
+        assert not thread.is_alive(), f"the server did not stop within {SHUTDOWN} s"
+        assert not errors, f"the topology service failed: {errors[0]!r}"
+
+
+def api(thorn_url: str, method: str, path: str, **kwargs: Any) -> Any:
+    """Ask the API directly (as admin): the reference the CLI's output is checked against."""
+    response = httpx.request(
+        method,
+        f"{thorn_url}/api/v1{path}",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        timeout=30.0,
+        **kwargs,
+    )
+    assert response.is_success, response.text
+    return response.json()
+
+
+@pytest.fixture(autouse=True)
+def small_fabric(thorn_url: str) -> None:
+    """Each test starts from SMALL (tokens, which imports do not touch, are per test)."""
+    api(thorn_url, "POST", "/fabric/import", json=SMALL)
+
+
+# --- driving the CLI -------------------------------------------------------------------------
+
+
+@dataclass
+class Thornctl:
+    url: str
+    runner: CliRunner
+
+    def __call__(
+        self, *args: str, token: str | None = ADMIN, url: str | None = None, stdin: str = ""
+    ) -> Result:
+        argv = ["--url", url or self.url]
+        if token is not None:
+            argv += ["--token", token]
+        result = self.runner.invoke(app, [*argv, *args], input=stdin)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            raise result.exception  # a traceback is a bug, whatever the input
+        return result
+
+
+@pytest.fixture
+def thornctl(thorn_url: str) -> Thornctl:
+    # None unsets: the developer's own THORN_* settings must not leak into the tests.
+    env: dict[str, str | None] = {
+        k: None for k in ("THORN_URL", "THORN_TOKEN", "THORN_OUTPUT", "THORN_TIMEOUT", "COLUMNS")
+    }
+    return Thornctl(thorn_url, CliRunner(env=env))
+
+
+def ok(result: Result) -> Result:
+    assert result.exit_code == 0, f"exit {result.exit_code}\n{result.stdout}\n{result.stderr}"
+    assert result.stderr == "", result.stderr
+    return result
+
+
+def as_json(result: Result) -> Any:
+    return json.loads(ok(result).stdout)
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+# --- generate, summary, nodes ----------------------------------------------------------------
+
+
+def test_generate_replaces_the_fabric_and_summary_counts_it(thornctl: Thornctl) -> None:
+    result = ok(
+        thornctl(
+            "generate", "leaf-spine",
+            "--set", "spines=2",
+            "-s", "leaves=2",
+            "--set", "hosts-per-leaf=2",
+            "--set", "workloads=false",
+        )
+    )  # fmt: skip
+    assert "Imported generated leaf-spine" in result.stdout
+    summary = as_json(thornctl("-o", "json", "summary"))
+    assert (summary["switches"], summary["hosts"], summary["links"]) == (4, 4, 8)
+    assert summary["workloads"] == 0  # workloads=false arrived as a boolean
+    table = ok(thornctl("summary")).stdout
+    assert re.search(r"switches\s+4", table)
+    assert re.search(rf"revision\s+{summary['revision']}", table)
+
+
+def test_a_generate_dry_run_validates_but_changes_nothing(
+    thornctl: Thornctl, thorn_url: str
+) -> None:
+    before = api(thorn_url, "GET", "/fabric/summary")
+    result = as_json(thornctl("-o", "json", "generate", "fat-tree", "--set", "k=4", "--dry-run"))
+    assert result["dry_run"] is True
+    assert result["summary"]["nodes"] == 36  # 20 switches and 16 hosts
+    assert api(thorn_url, "GET", "/fabric/summary") == before
+
+
+def test_nodes_list_is_a_table_for_people_and_the_api_json_for_scripts(
+    thornctl: Thornctl, thorn_url: str
+) -> None:
+    table = ok(thornctl("nodes", "list")).stdout
+    assert table.split()[:5] == ["NAME", "ROLE", "STATE", "MGMT", "ADDRESS"]
+    assert re.search(r"gpu1\s+host\s+up\s+-\s+tier=host", table)
+    assert "3 nodes" in table
+    assert as_json(thornctl("-o", "json", "nodes", "list")) == api(thorn_url, "GET", "/nodes")
+    listed = yaml.safe_load(ok(thornctl("-o", "yaml", "nodes", "list")).stdout)
+    assert [n["name"] for n in listed["items"]] == ["gpu1", "leaf1", "spine1"]
+
+
+def test_nodes_list_filters_by_role_and_label_and_pages(thornctl: Thornctl) -> None:
+    switches = as_json(thornctl("-o", "json", "nodes", "list", "--role", "switch"))
+    assert [n["name"] for n in switches["items"]] == ["leaf1", "spine1"]
+    spines = as_json(thornctl("-o", "json", "nodes", "list", "-l", "tier=spine"))
+    assert [n["name"] for n in spines["items"]] == ["spine1"]
+
+    page = ok(thornctl("nodes", "list", "--limit", "2", "--offset", "1")).stdout
+    assert "showing 2-3 of 3 nodes" in page
+    assert "gpu1" not in page
+    everything = as_json(thornctl("-o", "json", "nodes", "list", "--all"))
+    assert everything["total"] == len(everything["items"]) == 3
+
+
+def test_nodes_show_gives_the_ports_and_the_links(thornctl: Thornctl) -> None:
+    shown = ok(thornctl("nodes", "show", "leaf1")).stdout
+    assert re.search(r"role\s+switch", shown)
+    assert re.search(r"\d+\s+swp2\s+spine1:swp1\s+up\s+duct-7", shown)
+    assert re.search(r"\d+\s+swp1\s+gpu1:eth1\s+up", shown)
+    node = as_json(thornctl("-o", "json", "nodes", "show", "leaf1"))
+    assert [p["name"] for p in node["ports"]] == ["swp1", "swp2"]
+
+
+def test_generators_are_listed_from_the_servers_openapi(thornctl: Thornctl) -> None:
+    table = ok(thornctl("generate", "--list")).stdout
+    for name in ("leaf-spine", "fat-tree", "rail-optimized", "dual-plane"):
+        assert name in table
+    assert re.search(r"spines\s+integer\s+2\s+1\.\.256", table)
+    listed = as_json(thornctl("-o", "json", "generators", "fat-tree"))
+    assert listed[0]["name"] == "fat-tree"
+    assert listed[0]["parameters"]["k"]["maximum"] == 40
+
+
+def test_whoami_names_the_token_and_its_role(thornctl: Thornctl) -> None:
+    assert as_json(thornctl("-o", "json", "whoami")) == {"name": "bootstrap-admin", "role": "admin"}
+
+
+# --- import and export -----------------------------------------------------------------------
+
+
+def test_a_native_yaml_file_is_imported(thornctl: Thornctl, tmp_path: Path) -> None:
+    result = ok(thornctl("import", write(tmp_path / "fabric.yaml", NATIVE_YAML)))
+    assert "Imported" in result.stdout
+    assert re.search(r"nodes\s+3", result.stdout)
+    names = as_json(thornctl("-o", "json", "nodes", "list"))["items"]
+    assert [n["name"] for n in names] == ["host-a", "sw-a", "sw-b"]
+
+
+def test_a_native_json_file_is_imported(thornctl: Thornctl, tmp_path: Path) -> None:
+    document = yaml.safe_load(NATIVE_YAML)
+    result = as_json(
+        thornctl("-o", "json", "import", write(tmp_path / "f.json", json.dumps(document)))
+    )
+    assert result["dry_run"] is False
+    assert result["summary"]["links"] == 2
+
+
+def test_a_document_on_stdin_is_imported(thornctl: Thornctl) -> None:
+    result = as_json(thornctl("-o", "json", "import", "-", stdin=NATIVE_YAML))
+    assert result["summary"]["nodes"] == 3
+
+
+def test_a_containerlab_file_is_imported(thornctl: Thornctl, tmp_path: Path) -> None:
+    result = ok(thornctl("import", write(tmp_path / "lab.clab.yml", CLAB)))
+    assert "Imported" in result.stdout
+    assert re.search(r"links\s+2", result.stdout)
+    gpu = as_json(thornctl("-o", "json", "nodes", "show", "gpu1"))
+    assert gpu["role"] == "host"
+    assert gpu["labels"]["clab.kind"] == "linux"
+
+
+def test_a_containerlab_file_is_recognised_by_its_topology_key(
+    thornctl: Thornctl, tmp_path: Path
+) -> None:
+    result = as_json(thornctl("-o", "json", "import", write(tmp_path / "lab.yaml", CLAB)))
+    assert result["summary"]["switches"] == 2
+
+
+def test_containerlab_warnings_go_to_stderr_and_the_import_succeeds(
+    thornctl: Thornctl, tmp_path: Path
+) -> None:
+    result = thornctl("import", write(tmp_path / "lab.clab.yml", CLAB_WITH_BRIDGE))
+    assert result.exit_code == 0, result.stderr
+    assert re.search(r"links\s+2", result.stdout)
+    assert re.search(r"^warning: topology\.nodes\.br0: .*bridge", result.stderr, re.MULTILINE)
+    piped = thornctl("-o", "json", "import", "--format", "clab", "-", stdin=CLAB_WITH_BRIDGE)
+    assert len(as_json(piped)["warnings"]) == 2
+
+
+def test_an_import_dry_run_validates_but_changes_nothing(
+    thornctl: Thornctl, thorn_url: str, tmp_path: Path
+) -> None:
+    before = api(thorn_url, "GET", "/fabric/summary")
+    result = ok(thornctl("import", "--dry-run", write(tmp_path / "f.yaml", NATIVE_YAML)))
+    assert "Dry run" in result.stdout and "nothing changed" in result.stdout
+    assert api(thorn_url, "GET", "/fabric/summary") == before
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_an_export_re_imports_to_the_same_fabric(
+    thornctl: Thornctl, thorn_url: str, tmp_path: Path, suffix: str
+) -> None:
+    ok(thornctl("generate", "dual-plane", "--set", "leaves_per_plane=2"))
+    exported = tmp_path / f"fabric{suffix}"
+    result = ok(thornctl("export", "--file", str(exported)))
+    assert f"to {exported}" in result.stdout
+    document = api(thorn_url, "GET", "/fabric")
+    on_disk = json.loads(exported.read_text()) if suffix == ".json" else None
+    if on_disk is None:
+        on_disk = yaml.safe_load(exported.read_text())
+    assert on_disk == document
+
+    ok(thornctl("import", str(exported)))
+    again = api(thorn_url, "GET", "/fabric")
+    assert again["revision"] > document["revision"]
+    assert _without_ids(again) == _without_ids(document)  # imports renumber links
+
+
+def _without_ids(document: dict[str, Any]) -> dict[str, Any]:
+    links = [{k: v for k, v in lk.items() if k != "id"} for lk in document["links"]]
+    return {**document, "revision": None, "links": links}
+
+
+def test_export_prints_the_document_on_stdout(thornctl: Thornctl, thorn_url: str) -> None:
+    assert as_json(thornctl("export")) == api(thorn_url, "GET", "/fabric")
+    assert yaml.safe_load(ok(thornctl("export", "--yaml")).stdout) == api(
+        thorn_url, "GET", "/fabric"
+    )
+
+
+# --- links, tokens, audit --------------------------------------------------------------------
+
+
+def _spine_link(thornctl: Thornctl) -> int:
+    links = as_json(thornctl("-o", "json", "links", "list", "--srlg", "duct-7"))["items"]
+    assert len(links) == 1
+    link_id: int = links[0]["id"]
+    return link_id
+
+
+def test_a_link_is_drained_and_undrained(thornctl: Thornctl) -> None:
+    link = _spine_link(thornctl)
+    drained = ok(thornctl("links", "drain", str(link))).stdout
+    assert f"Link {link} drained" in drained and "leaf1:swp2" in drained
+    listed = as_json(thornctl("-o", "json", "links", "list", "--state", "drained"))
+    assert [lk["id"] for lk in listed["items"]] == [link]
+
+    assert as_json(thornctl("-o", "json", "links", "undrain", str(link)))["admin_state"] == "up"
+    assert re.search(r"admin_state\s+up", ok(thornctl("links", "show", str(link))).stdout)
+    actions = as_json(thornctl("-o", "json", "audit", "--action", "link."))["items"]
+    assert [a["action"] for a in actions[:2]] == ["link.undrain", "link.drain"]
+    assert re.search(rf"link\.undrain\s+{link}\b", ok(thornctl("audit", "--limit", "5")).stdout)
+
+
+def test_links_list_filters_by_node(thornctl: Thornctl) -> None:
+    table = ok(thornctl("links", "list", "--node", "gpu1")).stdout
+    assert re.search(r"gpu1:eth1\s+leaf1:swp1\s+up", table)
+    assert "spine1" not in table
+
+
+def test_a_token_is_created_listed_and_revoked_after_which_it_is_refused(
+    thornctl: Thornctl,
+) -> None:
+    created = ok(thornctl("tokens", "create", "ci-bot", "--role", "operator")).stdout
+    assert "shown only this once" in created
+    secret = re.search(r"thn_\S+", created)
+    assert secret is not None
+    token = secret.group(0)
+
+    assert as_json(thornctl("-o", "json", "whoami", token=token)) == {
+        "name": "ci-bot",
+        "role": "operator",
+    }
+    assert re.search(r"ci-bot\s+operator", ok(thornctl("tokens", "list")).stdout)
+    assert token not in ok(thornctl("tokens", "list")).stdout
+
+    assert "Revoked token 'ci-bot'" in ok(thornctl("tokens", "revoke", "ci-bot")).stdout
+    refused = thornctl("whoami", token=token)
+    assert refused.exit_code == 77
+    assert refused.stderr.strip() == "Error: invalid or revoked token"
+    assert refused.stdout == ""
+
+
+def test_a_viewer_token_cannot_import_and_gets_77(thornctl: Thornctl, tmp_path: Path) -> None:
+    created = as_json(thornctl("-o", "json", "tokens", "create", "dash", "--role", "viewer"))
+    try:
+        refused = thornctl(
+            "import", write(tmp_path / "f.yaml", NATIVE_YAML), token=created["token"]
+        )
+        assert refused.exit_code == 77
+        assert "has role viewer; this needs admin" in refused.stderr
+    finally:
+        ok(thornctl("tokens", "revoke", "dash"))
+
+
+# --- errors: one line on stderr, a conventional exit code, never a traceback -----------------
+
+
+def test_a_missing_file_exits_66_naming_it(thornctl: Thornctl, tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    result = thornctl("import", str(missing))
+    assert result.exit_code == 66
+    assert result.stderr == f"Error: {missing}: no such file\n"
+
+
+def test_broken_yaml_exits_65_naming_the_file_and_line(thornctl: Thornctl, tmp_path: Path) -> None:
+    broken = write(tmp_path / "broken.yaml", "format: thorn.fabric/v1\nnodes:\n  - name: [a\n")
+    result = thornctl("import", broken)
+    assert result.exit_code == 65
+    assert result.stderr.startswith(f"Error: {broken}:4:1: not valid YAML")
+
+
+def test_broken_json_exits_65_naming_the_file_line_and_column(
+    thornctl: Thornctl, tmp_path: Path
+) -> None:
+    broken = write(tmp_path / "broken.json", '{"nodes": [\n  {"name": "a",}\n]}')
+    result = thornctl("import", broken)
+    assert result.exit_code == 65
+    assert result.stderr.startswith(f"Error: {broken}:2:16: not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.yaml", b"", "the file is empty"),
+        ("latin1.yaml", b"nodes: []\n# caf\xe9\n", "not UTF-8 text"),
+        ("list.json", b"[1, 2]", "a THORN fabric document is a mapping"),
+    ],
+)
+def test_a_file_that_is_not_a_document_exits_65(
+    thornctl: Thornctl, tmp_path: Path, name: str, content: bytes, message: str
+) -> None:
+    (tmp_path / name).write_bytes(content)
+    result = thornctl("import", str(tmp_path / name))
+    assert result.exit_code == 65
+    assert result.stderr.startswith(f"Error: {tmp_path / name}: {message}")
+
+
+def test_a_directory_is_not_an_input_file_and_exits_66(thornctl: Thornctl, tmp_path: Path) -> None:
+    result = thornctl("import", str(tmp_path))
+    assert result.exit_code == 66
+    assert "is a directory" in result.stderr
+
+
+def test_an_export_to_an_unwritable_place_exits_73(thornctl: Thornctl, tmp_path: Path) -> None:
+    target = tmp_path / "no-such-dir" / "fabric.json"
+    result = thornctl("export", "--file", str(target))
+    assert result.exit_code == 73
+    assert result.stderr.startswith(f"Error: {target}: cannot write")
+
+
+def test_a_duplicate_yaml_key_exits_65(thornctl: Thornctl, tmp_path: Path) -> None:
+    duplicated = write(tmp_path / "dup.yaml", "nodes: []\nlinks: []\nnodes: []\n")
+    result = thornctl("import", duplicated)
+    assert result.exit_code == 65
+    assert "found duplicate key 'nodes'" in result.stderr
+
+
+def test_a_containerlab_link_to_a_missing_node_exits_1_naming_the_link(
+    thornctl: Thornctl, thorn_url: str, tmp_path: Path
+) -> None:
+    before = api(thorn_url, "GET", "/fabric/summary")
+    broken = CLAB.replace('"leaf1:e1-1", "gpu1:eth1"', '"leaf1:e1-1", "ghost:eth1"')
+    result = thornctl("import", write(tmp_path / "broken.clab.yaml", broken))
+    assert result.exit_code == 1
+    assert result.stderr == (
+        "Error: body.topology.links[1].endpoints[1]: node 'ghost' is not defined in "
+        "topology.nodes\n"
+    )
+    assert api(thorn_url, "GET", "/fabric/summary") == before
+
+
+def test_a_document_the_fabric_rejects_exits_1_with_the_apis_detail(
+    thornctl: Thornctl, tmp_path: Path
+) -> None:
+    bad = NATIVE_YAML.replace('b: "sw-b:swp1"', 'b: "sw-b:swp9"')
+    result = thornctl("import", write(tmp_path / "f.yaml", bad))
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: body.links.0")
+    assert "swp9" in result.stderr
+
+
+def test_a_wrong_token_exits_77(thornctl: Thornctl) -> None:
+    result = thornctl("nodes", "list", token="thn_not-a-real-token")
+    assert result.exit_code == 77
+    assert result.stderr == "Error: invalid or revoked token\n"
+
+
+def test_no_token_exits_77_and_says_how_to_give_one(thornctl: Thornctl) -> None:
+    result = thornctl("summary", token=None)
+    assert result.exit_code == 77
+    assert "missing bearer token" in result.stderr and "THORN_TOKEN" in result.stderr
+
+
+def test_an_unreachable_server_exits_69(thornctl: Thornctl) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = thornctl("summary", url=url)
+    assert result.exit_code == 69
+    assert result.stderr.startswith(f"Error: cannot reach THORN at {url}: ")
+
+
+def test_a_bad_generator_value_exits_1_naming_the_field(thornctl: Thornctl, thorn_url: str) -> None:
+    before = api(thorn_url, "GET", "/fabric/summary")
+    result = thornctl("generate", "leaf-spine", "--set", "spines=0")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: body.spines: ")
+    not_a_number = thornctl("generate", "fat-tree", "--set", "k=four")
+    assert not_a_number.exit_code == 1
+    assert "body.k: " in not_a_number.stderr
+    unknown = thornctl("generate", "fat-tree", "--set", "radix=4")
+    assert unknown.exit_code == 1
+    assert "body.radix: " in unknown.stderr
+    assert api(thorn_url, "GET", "/fabric/summary") == before
+
+
+def test_a_set_without_a_value_is_a_usage_error(thornctl: Thornctl) -> None:
+    result = thornctl("generate", "leaf-spine", "--set", "spines")
+    assert result.exit_code == 2
+    assert "'spines' is not KEY=VALUE" in result.stderr
+
+
+def test_an_unknown_generator_is_a_usage_error_listing_the_known_ones(thornctl: Thornctl) -> None:
+    result = thornctl("generate", "torus")
+    assert result.exit_code == 2
+    assert "unknown generator 'torus'" in result.stderr and "leaf-spine" in result.stderr
+
+
+def test_generate_without_a_name_is_a_usage_error(thornctl: Thornctl) -> None:
+    result = thornctl("generate")
+    assert result.exit_code == 2
+    assert "missing generator NAME" in result.stderr
+
+
+def test_a_url_that_is_not_the_api_exits_1_saying_so(thornctl: Thornctl) -> None:
+    result = thornctl("summary", url=f"{thornctl.url}/elsewhere")
+    assert result.exit_code == 1
+    assert "is --url THORN's API?" in result.stderr
+
+
+def test_a_url_without_http_is_a_usage_error(thornctl: Thornctl) -> None:
+    result = thornctl("summary", url="127.0.0.1:8080")
+    assert result.exit_code == 2
+    assert "is not an http:// or https:// URL" in result.stderr
+
+
+def test_an_unknown_command_exits_2(thornctl: Thornctl) -> None:
+    result = thornctl("frobnicate")
+    assert result.exit_code == 2
+    assert "No such command 'frobnicate'" in result.stderr
+
+
+def test_a_missing_node_or_link_exits_1_with_the_apis_detail(thornctl: Thornctl) -> None:
+    node = thornctl("nodes", "show", "ghost")
+    assert (node.exit_code, node.stderr) == (1, "Error: path: node 'ghost' not found\n")
+    link = thornctl("links", "drain", "999999")
+    assert link.exit_code == 1
+    assert "999999" in link.stderr
+
+
+def test_all_with_limit_is_a_usage_error(thornctl: Thornctl) -> None:
+    result = thornctl("nodes", "list", "--all", "--limit", "5")
+    assert result.exit_code == 2
+
+
+def test_the_help_documents_the_exit_codes(thornctl: Thornctl) -> None:
+    result = ok(thornctl("--help"))
+    for code in ("65", "66", "69", "77"):
+        assert re.search(rf"^\s+{code}\s", result.stdout, re.MULTILINE)
+
+
+# --- the installed console script ------------------------------------------------------------
+
+
+def test_the_installed_thornctl_exits_with_conventional_codes(
+    thorn_url: str, tmp_path: Path
+) -> None:
+    assert THORNCTL.exists(), f"{THORNCTL} is not installed (pip install -e .)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("THORN_")}
+    env.update(THORN_URL=thorn_url, THORN_TOKEN=ADMIN)
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(THORNCTL), *args],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    summary = run("-o", "json", "summary")
+    assert summary.returncode == 0, summary.stderr
+    assert json.loads(summary.stdout)["nodes"] == 3
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nodes: [\n")
+    unreachable = f"http://127.0.0.1:{free_port()}"
+    cases = {
+        66: run("import", str(tmp_path / "missing.yaml")),
+        65: run("import", str(broken)),
+        77: run("whoami", THORN_TOKEN="thn_wrong"),
+        69: run("summary", THORN_URL=unreachable),
+        1: run("links", "show", "424242"),
+        2: run("no-such-command"),
+    }
+    for code, process in cases.items():
+        assert process.returncode == code, (code, process.args, process.stderr)
+        assert "Traceback" not in process.stderr
+        assert process.stdout == ""
