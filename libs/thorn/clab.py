@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
+from thorn import strictyaml
 from thorn.model import (
     FabricDocument,
     LabelKey,
@@ -177,40 +178,12 @@ class ClabImport:
 # --- YAML --------------------------------------------------------------------------------
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects a key repeated in one mapping (YAML keeps the last silently)."""
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:
-            continue  # an unhashable key: construct_mapping reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"found duplicate key {key!r}",
-                key_node.start_mark,
-            )
-    return loader.construct_mapping(node, deep=True)
-
-
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
 def parse_clab(text: str | bytes) -> ClabImport:
     """Parse containerlab topology YAML and convert it (see the module docstring)."""
     if len(text) > MAX_TEXT_BYTES:
         raise ClabError(f"the file is larger than {MAX_TEXT_BYTES} bytes", "(document)")
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = strictyaml.load(text)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         loc = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"

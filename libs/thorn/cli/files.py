@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from thorn import strictyaml
 from thorn.cli.errors import CliError, ExitCode
 
 CLAB_SUFFIXES = (".clab.yml", ".clab.yaml")
@@ -40,46 +41,6 @@ class Document:
     kind: InputFormat  # thorn or clab, never auto
     body: bytes
     content_type: str
-
-
-def _unique_mapping(
-    loader: yaml.SafeLoader | yaml.CSafeLoader, node: yaml.MappingNode
-) -> dict[Any, Any]:
-    """Construct a mapping, refusing a key repeated in it (YAML keeps the last silently)."""
-    seen: set[object] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-            seen.add(key)
-        except TypeError:
-            continue  # an unhashable key: construct_mapping reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"found duplicate key {key!r}",
-                key_node.start_mark,
-            )
-    return loader.construct_mapping(node, deep=True)
-
-
-class _PyLoader(yaml.SafeLoader):
-    pass
-
-
-_PyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-_Loader: type[yaml.SafeLoader | yaml.CSafeLoader] = _PyLoader
-
-if yaml.__with_libyaml__:  # libyaml parses large exports many times faster
-
-    class _CLoader(yaml.CSafeLoader):
-        pass
-
-    _CLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
-    _Loader = _CLoader
 
 
 def display_name(path: str) -> str:
@@ -116,7 +77,7 @@ def parse_json(text: str, name: str) -> Any:
 
 def parse_yaml(text: str, name: str) -> Any:
     try:
-        return yaml.load(text, Loader=_Loader)
+        return strictyaml.load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{name}:{mark.line + 1}:{mark.column + 1}" if mark else name
