@@ -1,0 +1,295 @@
+"""Path computation: every host pair gets a red and a blue route that share nothing the
+topology lets them avoid, and what they do share is reported, never hidden."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from thorn.fabric import Fabric
+from thorn.generators import dual_plane, fat_tree, leaf_spine, rail_optimized
+from thorn.model import (
+    AdminState,
+    FabricDocument,
+    LinkSpec,
+    LinkUpdate,
+    NodeSpec,
+    NodeUpdate,
+    PortSpec,
+    Role,
+)
+from thorn_pathcomp.plan import PairPlan, Plan, UnknownHost
+
+
+def pairs(plan: Plan) -> Iterator[PairPlan]:
+    hosts = sorted(plan.graph.attachments)
+    for src, dst in itertools.permutations(hosts, 2):
+        yield plan.pair(src, dst)
+
+
+def check_route_is_real(fabric: Fabric, pair: PairPlan) -> None:
+    """Each route runs from src to dst over up links joining its consecutive nodes, no loops."""
+    for route in (pair.red, pair.blue):
+        assert route is not None, f"{pair.src}->{pair.dst} has no route"
+        assert route.nodes[0] == pair.src and route.nodes[-1] == pair.dst
+        assert len(set(route.nodes)) == len(route.nodes), f"loop in {route.nodes}"
+        for (a, b), link_id in zip(itertools.pairwise(route.nodes), route.links, strict=True):
+            link = fabric.links[link_id]
+            assert {link.a.node, link.b.node} == {a, b}
+            assert link.admin_state is AdminState.up
+
+
+def actual_sharing(fabric: Fabric, pair: PairPlan) -> tuple[set[int], set[str], set[str]]:
+    assert pair.red is not None and pair.blue is not None
+    links = set(pair.red.links) & set(pair.blue.links)
+    switches = set(pair.red.nodes[1:-1]) & set(pair.blue.nodes[1:-1])
+    srlgs = {s for lk in pair.red.links for s in fabric.links[lk].srlgs} & {
+        s for lk in pair.blue.links for s in fabric.links[lk].srlgs
+    }
+    return links, switches, srlgs
+
+
+def check_pair(fabric: Fabric, pair: PairPlan) -> None:
+    check_route_is_real(fabric, pair)
+    links, switches, srlgs = actual_sharing(fabric, pair)
+    assert set(pair.shared.links) == links, "reported shared links must be the real ones"
+    assert set(pair.shared.switches) == switches
+    assert set(pair.shared.srlgs) == srlgs
+
+
+def host_links(fabric: Fabric, *hosts: str) -> set[int]:
+    return {lk.id for lk in fabric.links.values() if {lk.a.node, lk.b.node} & set(hosts)}
+
+
+GENERATED = {
+    "leaf-spine": leaf_spine(4, 4, 2),
+    "leaf-spine dual-homed": leaf_spine(4, 4, 2, dual_homed=True),
+    "fat-tree k=4": fat_tree(4),
+    "rail-optimized": rail_optimized(4, 2, 2, 2),
+    "dual-plane": dual_plane(2, 2, 2),
+}
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_every_generated_fabric_gets_two_real_routes_per_pair_sharing_no_fabric_link(
+    name: str,
+) -> None:
+    fabric = Fabric.from_document(GENERATED[name])
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)
+        assert not set(pair.shared.links) - host_links(fabric, pair.src, pair.dst)
+    assert plan.summary.unprotected_pairs == 0
+
+
+@pytest.mark.parametrize("name", ["leaf-spine", "leaf-spine dual-homed", "fat-tree k=4"])
+def test_on_leaf_spine_and_fat_tree_both_colours_are_shortest_paths(name: str) -> None:
+    plan = Plan.compute(Fabric.from_document(GENERATED[name]))
+    for pair in pairs(plan):
+        assert pair.red is not None and pair.blue is not None
+        # Where both ends hang off the same switch, disjointness needs a detour for one colour.
+        same_switch = plan.graph.group_of(pair.src) == plan.graph.group_of(pair.dst)
+        if not same_switch:
+            assert pair.red.hops == pair.blue.hops == pair.shortest, pair
+    assert plan.summary.stretch["red"].max == 0 or name == "leaf-spine dual-homed"
+
+
+def test_a_fat_tree_pair_uses_different_aggregation_and_core_switches() -> None:
+    fabric = Fabric.from_document(fat_tree(4))
+    plan = Plan.compute(fabric)
+    pair = plan.pair("host1-1-1", "host4-2-2")
+    assert pair.red is not None and pair.blue is not None
+    assert pair.red.hops == pair.blue.hops == 6
+    assert set(pair.red.nodes[2:-2]).isdisjoint(pair.blue.nodes[2:-2])
+    assert pair.shared.switches == ("edge1-1", "edge4-2")  # the single-homed ends' switches
+
+
+def test_a_single_homed_host_link_is_reported_as_a_shared_risk() -> None:
+    fabric = Fabric.from_document(leaf_spine(2, 2, 1))
+    plan = Plan.compute(fabric)
+    pair = plan.pair("host1", "host2")
+    assert set(pair.shared.links) == host_links(fabric, "host1", "host2")
+    assert set(pair.shared.switches) == {"leaf1", "leaf2"}
+    assert plan.summary.pairs_sharing_host_links == plan.summary.pairs == 2
+    assert plan.summary.unprotected_pairs == 0
+
+
+def test_dual_homed_hosts_are_fully_disjoint() -> None:
+    fabric = Fabric.from_document(leaf_spine(2, 4, 1, dual_homed=True))
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        assert not pair.shared, pair
+        assert pair.egress[0] != pair.egress[1]
+
+
+def _with_srlg(doc: FabricDocument, leaf: str, spines: tuple[str, ...], srlg: str) -> Fabric:
+    fabric = Fabric.from_document(doc)
+    for link in list(fabric.links.values()):
+        if {link.a.node, link.b.node} & {leaf} and {link.a.node, link.b.node} & set(spines):
+            fabric.update_link(link.id, LinkUpdate(srlgs=[srlg]))
+    return fabric
+
+
+def test_an_srlg_across_two_spines_is_avoided_when_a_third_spine_allows_it() -> None:
+    # Both uplinks of leaf1 to spine1 and spine2 run in one conduit.
+    fabric = _with_srlg(leaf_spine(4, 2, 1), "leaf1", ("spine1", "spine2"), "conduit-7")
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)
+        assert not pair.shared.srlgs, pair
+    assert plan.summary.pairs_sharing_srlgs == 0
+
+
+def test_an_srlg_on_every_path_is_reported() -> None:
+    fabric = _with_srlg(leaf_spine(2, 2, 1), "leaf1", ("spine1", "spine2"), "conduit-7")
+    plan = Plan.compute(fabric)
+    pair = plan.pair("host1", "host2")
+    check_pair(fabric, pair)
+    assert pair.shared.srlgs == ("conduit-7",)
+    assert plan.summary.pairs_sharing_srlgs == 2
+
+
+def test_a_drained_spine_carries_no_path_and_the_rest_stay_protected() -> None:
+    fabric = Fabric.from_document(leaf_spine(3, 2, 1))
+    fabric.update_node("spine2", NodeUpdate(admin_state=AdminState.drained))
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)
+        assert pair.red is not None and pair.blue is not None
+        assert "spine2" not in pair.red.nodes + pair.blue.nodes
+    assert plan.summary.unprotected_pairs == 0
+
+
+def test_a_drained_link_carries_no_path() -> None:
+    fabric = Fabric.from_document(leaf_spine(3, 2, 1))
+    drained = next(lk.id for lk in fabric.links.values() if lk.a.node == "leaf1")
+    fabric.update_link(drained, LinkUpdate(admin_state=AdminState.drained))
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)
+        assert pair.red is not None and pair.blue is not None
+        assert drained not in pair.red.links + pair.blue.links
+
+
+def test_two_spines_with_one_drained_leave_pairs_unprotected_and_say_so() -> None:
+    fabric = Fabric.from_document(leaf_spine(2, 2, 1))
+    fabric.update_node("spine2", NodeUpdate(admin_state=AdminState.drained))
+    plan = Plan.compute(fabric)
+    pair = plan.pair("host1", "host2")
+    check_pair(fabric, pair)
+    assert pair.shared.switches == ("leaf1", "leaf2", "spine1")
+    assert plan.summary.unprotected_pairs == 2
+
+
+def test_unknown_hosts_are_refused_and_unreachable_ones_reported() -> None:
+    fabric = Fabric.from_document(leaf_spine(2, 2, 1))
+    plan = Plan.compute(fabric)
+    with pytest.raises(UnknownHost):
+        plan.pair("host1", "nosuchhost")
+    for link in [lk for lk in fabric.links.values() if "host2" in (lk.a.node, lk.b.node)]:
+        fabric.update_link(link.id, LinkUpdate(admin_state=AdminState.down))
+    cut = Plan.compute(fabric)
+    pair = cut.pair("host1", "host2")
+    assert pair.red is None and pair.blue is None
+    assert cut.summary.unreachable_pairs == 2
+
+
+def test_the_plan_is_deterministic() -> None:
+    doc = fat_tree(4)
+    first = Plan.compute(Fabric.from_document(doc))
+    second = Plan.compute(Fabric.from_document(doc))
+    assert [(p.red, p.blue) for p in pairs(first)] == [(p.red, p.blue) for p in pairs(second)]
+
+
+# --- random topologies ---------------------------------------------------------------------
+
+
+def build(edges: list[tuple[int, int]], hosts: list[list[int]]) -> Fabric:
+    """Switches s0..sN joined by `edges` (parallel edges allowed), hosts on the given switches."""
+    used: dict[int, int] = {}
+
+    def port(switch: int) -> str:
+        used[switch] = used.get(switch, 0) + 1
+        return f"s{switch}:p{used[switch]}"
+
+    links = [LinkSpec(a=port(a), b=port(b)) for a, b in edges]
+    host_nodes = []
+    for h, switches in enumerate(hosts):
+        ports = [PortSpec(name=f"e{j}") for j in range(len(switches))]
+        host_nodes.append(NodeSpec(name=f"h{h}", role=Role.host, ports=ports))
+        links += [LinkSpec(a=f"h{h}:e{j}", b=port(s)) for j, s in enumerate(switches)]
+    switch_nodes = [
+        NodeSpec(
+            name=f"s{i}",
+            role=Role.switch,
+            ports=[PortSpec(name=f"p{j}") for j in range(1, used.get(i, 0) + 1)],
+        )
+        for i in range(max(used) + 1)
+    ]
+    return Fabric.from_document(FabricDocument(nodes=switch_nodes + host_nodes, links=links))
+
+
+@st.composite
+def biconnected(draw: st.DrawFn) -> Fabric:
+    """A Hamiltonian cycle plus chords (2-vertex-connected), hosts dual-homed."""
+    n = draw(st.integers(3, 9))
+    cycle = draw(st.permutations(range(n)))
+    edges = list(zip(cycle, cycle[1:] + cycle[:1], strict=True))
+    chords = draw(st.lists(st.tuples(st.integers(0, n - 1), st.integers(0, n - 1)), max_size=6))
+    edges += [(a, b) for a, b in chords if a != b]
+    hosts = draw(
+        st.lists(
+            st.lists(st.integers(0, n - 1), min_size=2, max_size=2, unique=True),
+            min_size=2,
+            max_size=4,
+        )
+    )
+    return build(edges, hosts)
+
+
+@st.composite
+def two_edge_connected(draw: st.DrawFn) -> Fabric:
+    """Cycles glued at single switches (cut vertices), doubled links as 2-cycles."""
+    edges: list[tuple[int, int]] = []
+    n = 0
+    for c in range(draw(st.integers(1, 4))):
+        size = draw(st.integers(1, 4))
+        ring = ([draw(st.integers(0, n - 1))] if c else []) + list(range(n, n + size))
+        n += size
+        if len(ring) == 2:
+            edges += [(ring[0], ring[1])] * 2
+        elif len(ring) > 2:
+            edges += list(zip(ring, ring[1:] + ring[:1], strict=True))
+    if not edges:
+        edges, n = [(0, 1), (0, 1)], 2
+    hosts = draw(
+        st.lists(
+            st.lists(st.integers(0, n - 1), min_size=1, max_size=2, unique=True),
+            min_size=2,
+            max_size=4,
+        )
+    )
+    return build(edges, hosts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(biconnected())
+def test_on_biconnected_fabrics_dual_homed_pairs_share_nothing(fabric: Fabric) -> None:
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)
+        assert not pair.shared, pair
+
+
+@settings(max_examples=150, deadline=None)
+@given(two_edge_connected())
+def test_on_two_edge_connected_fabrics_no_fabric_link_is_shared(fabric: Fabric) -> None:
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)
+        assert not set(pair.shared.links) - host_links(fabric, pair.src, pair.dst), pair
+    assert plan.summary.unprotected_pairs == 0
