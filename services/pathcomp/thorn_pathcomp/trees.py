@@ -33,6 +33,7 @@ from enum import IntEnum
 from thorn_pathcomp.graph import Edge, FabricGraph, Group, SwitchId
 
 INF = 1 << 30
+BOTH = -2  # colour of a single attachment switch: both trees end there
 HOST = -1  # next hop "the destination host itself" (an attachment switch's last hop)
 
 
@@ -146,64 +147,69 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
                 queue.append(u)
     alternate = 0
     for v in order:
-        if level[v] == 0:
+        lv = level[v]
+        if lv == 0:
             continue
-        below = {colour[u] for u, _ in adjacency[v] if level[u] == level[v] - 1}
-        if single and level[v] == 1:
+        seen = 0  # bit c: a shortest-path neighbour has colour c
+        for u, _ in adjacency[v]:
+            if level[u] == lv - 1 and colour[u] >= 0:
+                seen |= 1 << colour[u]
+                if seen == 3:
+                    break
+        if (single and lv == 1) or seen not in (1, 2):
             colour[v] = alternate % 2
             alternate += 1
-        elif len(below - {-1}) == 1:
-            colour[v] = next(iter(below - {-1}))
         else:
-            colour[v] = alternate % 2
-            alternate += 1
+            colour[v] = seen - 1  # 1 -> red, 2 -> blue
     if single:
-        colour[group[0]] = -2  # the one attachment switch ends both colours
+        colour[group[0]] = BOTH  # the one attachment switch ends both colours
     # 3: next hops per colour; own colour down the layers, the other colour sideways.
     nexts: tuple[list[NextHop | None], list[NextHop | None]] = ([None] * n, [None] * n)
     dists = ([INF] * n, [INF] * n)
-    srlgs: tuple[list[frozenset[str]], list[frozenset[str]]] = (
-        [frozenset()] * n,
-        [frozenset()] * n,
-    )
+    empty: frozenset[str] = frozenset()
+    srlgs: tuple[list[frozenset[str]], list[frozenset[str]]] = ([empty] * n, [empty] * n)
+    to_host = NextHop(HOST, -1)
+    for c in (Colour.red, Colour.blue):
+        nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
+        for v in order:  # own colour: the first shortest-path neighbour of that colour
+            lv = level[v]
+            if lv == 0:
+                if single or colour[v] == c:
+                    nh_c[v], dist_c[v] = to_host, 0
+                continue
+            if colour[v] != c:
+                continue
+            for u, e in adjacency[v]:
+                if level[u] == lv - 1 and (colour[u] == c or colour[u] == BOTH):
+                    nh_c[v], dist_c[v] = NextHop(u, e), lv
+                    link_srlgs = edges[e].srlgs
+                    srlg_c[v] = srlg_c[u] | link_srlgs if link_srlgs else srlg_c[u]
+                    break
     fallback = False
     for c in (Colour.red, Colour.blue):
         nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
-        for v in order:  # own colour and attachments first: they only look downwards
-            if level[v] == 0 and (single or colour[v] == c):
-                nh_c[v], dist_c[v] = NextHop(HOST, -1), 0
-            elif colour[v] == c:
-                best = _best(
-                    v, c, level, colour, dist_c, srlg_c, adjacency, edges, None, below=True
-                )
-                if best is not None:
-                    nh_c[v] = best
-                    dist_c[v] = level[v]
-                    srlg_c[v] = edges[best.edge].srlgs | srlg_c[best.switch]
-    for c in (Colour.red, Colour.blue):
-        nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
-        other_srlg = srlgs[c.other]
-        for v in order:
-            if nh_c[v] is not None or level[v] == INF:
+        own_hops, own_srlgs = nexts[c.other], srlgs[c.other]
+        for v in order:  # the other colour: the nearest neighbour of that colour
+            if nh_c[v] is not None:
                 continue
-            own = nexts[c.other][v]
-            best = _best(
-                v,
-                c,
-                level,
-                colour,
-                dist_c,
-                srlg_c,
-                adjacency,
-                edges,
-                other_srlg[v],
-                below=False,
-                taken=own.edge if own is not None else None,
-            )
-            if best is not None:
-                nh_c[v] = best
-                dist_c[v] = 1 + dist_c[best.switch]
-                srlg_c[v] = edges[best.edge].srlgs | srlg_c[best.switch]
+            own = own_hops[v]
+            taken = own.edge if own is not None else None  # never share the own colour's link
+            avoid = own_srlgs[v]
+            best_d, best_conflict, choice = INF, 2, None
+            for u, e in adjacency[v]:
+                d = dist_c[u]
+                if d >= INF or d > best_d or e == taken or (colour[u] != c and colour[u] != BOTH):
+                    continue
+                if d == best_d and best_conflict == 0:
+                    continue  # an equally short, SRLG-clean choice came earlier in number order
+                conflict = 1 if avoid and (edges[e].srlgs | srlg_c[u]) & avoid else 0
+                if d < best_d or conflict < best_conflict:  # ties: first in number order
+                    best_d, best_conflict, choice = d, conflict, NextHop(u, e)
+            if choice is not None:
+                nh_c[v], dist_c[v] = choice, best_d + 1
+                link_srlgs = edges[choice.edge].srlgs
+                base = srlg_c[choice.switch]
+                srlg_c[v] = base | link_srlgs if link_srlgs else base
         # Switches with no neighbour of colour c: extend c's tree outwards (nearest first).
         missing = [v for v in order if nh_c[v] is None]
         if missing:
@@ -211,37 +217,6 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
             fallback = fallback or not sources.isdisjoint(missing)
             _extend(missing, nh_c, dist_c, srlg_c, adjacency, edges)
     return GroupTrees(group, level, colour, nexts, dists, srlgs, fallback)
-
-
-def _best(
-    v: SwitchId,
-    c: Colour,
-    level: list[int],
-    colour: list[int],
-    dist_c: list[int],
-    srlg_c: list[frozenset[str]],
-    adjacency: list[list[tuple[SwitchId, int]]],
-    edges: list[Edge],
-    avoid: frozenset[str] | None,
-    *,
-    below: bool,
-    taken: int | None = None,
-) -> NextHop | None:
-    """The best neighbour of colour c: shortest, then SRLG-clean, then lowest number/link."""
-    best: tuple[int, int, int, int] | None = None
-    choice: NextHop | None = None
-    for u, e in adjacency[v]:
-        if (below and level[u] != level[v] - 1) or e == taken:
-            continue  # `taken`: the other colour's link; never let both colours share it
-        if not (colour[u] == c or colour[u] == -2) or dist_c[u] >= INF:
-            continue
-        conflict = 0
-        if avoid:
-            conflict = 1 if (edges[e].srlgs | srlg_c[u]) & avoid else 0
-        key = (dist_c[u], conflict, u, edges[e].link_id)
-        if best is None or key < best:
-            best, choice = key, NextHop(u, e)
-    return choice
 
 
 def _extend(
