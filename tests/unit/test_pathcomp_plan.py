@@ -293,3 +293,69 @@ def test_on_two_edge_connected_fabrics_no_fabric_link_is_shared(fabric: Fabric) 
         check_pair(fabric, pair)
         assert not set(pair.shared.links) - host_links(fabric, pair.src, pair.dst), pair
     assert plan.summary.unprotected_pairs == 0
+
+
+# --- incremental re-protection ---------------------------------------------------------------
+
+
+def same_trees(a: Plan, b: Plan) -> bool:
+    def state(plan: Plan) -> dict[object, object]:
+        return {g: (t.next, t.dist, t.method) for g, t in plan.trees.items()}
+
+    return state(a) == state(b)
+
+
+link_events = st.lists(st.tuples(st.integers(0, 10_000), st.booleans()), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["fat-tree k=4", "leaf-spine dual-homed", "dual-plane"]), link_events)
+def test_an_incremental_update_equals_a_full_recompute(
+    name: str, events: list[tuple[int, bool]]
+) -> None:
+    fabric = Fabric.from_document(GENERATED[name])
+    plan = Plan.compute(fabric)
+    ids = sorted(fabric.links)
+    for pick, up in events:
+        link_id = ids[pick % len(ids)]
+        state = AdminState.up if up else AdminState.down
+        fabric.update_link(link_id, LinkUpdate(admin_state=state))
+        plan, _ = plan.update_links({link_id: up}, fabric.revision)
+        assert same_trees(plan, Plan.compute(fabric, summarise=False))
+
+
+@settings(max_examples=60, deadline=None)
+@given(two_edge_connected(), link_events)
+def test_incremental_equals_full_on_random_fabrics(
+    fabric: Fabric, events: list[tuple[int, bool]]
+) -> None:
+    plan = Plan.compute(fabric)
+    ids = sorted(fabric.links)
+    for pick, up in events:
+        link_id = ids[pick % len(ids)]
+        state = AdminState.up if up else AdminState.drained
+        fabric.update_link(link_id, LinkUpdate(admin_state=state))
+        plan, _ = plan.update(fabric)  # the general path: from the whole fabric
+        assert same_trees(plan, Plan.compute(fabric, summarise=False))
+
+
+def test_a_failure_recomputes_only_the_destinations_whose_trees_it_touches() -> None:
+    fabric = Fabric.from_document(fat_tree(8))
+    plan = Plan.compute(fabric)
+    link = next(
+        lk for lk in fabric.links.values() if {lk.a.node, lk.b.node} == {"edge1-1", "agg1-1"}
+    )
+    edge = plan.graph.edge_of_link[link.id]
+    users = {g for g, trees in plan.trees.items() if edge in trees.uses()}
+    before = dict(plan.trees)
+    fabric.update_link(link.id, LinkUpdate(admin_state=AdminState.down))
+    plan, update = plan.update_links({link.id: False}, fabric.revision)
+    assert not update.full
+    # Only destinations whose trees took the link, or whose distances it carried (the
+    # destination right behind it), are touched; every other tree is the very same object.
+    own_group = plan.graph.group_of("host1-1-1")
+    assert update.recomputed <= users | {own_group}
+    assert all(plan.trees[g] is before[g] for g in set(before) - update.recomputed)
+    assert same_trees(plan, Plan.compute(fabric, summarise=False))
+    for pair in pairs(plan):
+        check_pair(fabric, pair)

@@ -52,12 +52,28 @@ class Attachment:
 @dataclass
 class FabricGraph:
     switches: list[str]
+    # Every switch-to-switch link, in link id order, whatever its state: an edge's index
+    # stays the same while links go down and up, so trees computed earlier stay valid.
     edges: list[Edge]
-    # adjacency[s]: (neighbour, edge index), ordered by neighbour number then link id
+    alive: list[bool]  # per edge: carries traffic now
+    # adjacency[s]: (neighbour, edge index) over alive edges, by neighbour number then link id
     adjacency: list[list[tuple[SwitchId, int]]]
     attachments: dict[str, list[Attachment]]  # host -> its usable attachments
     groups: dict[Group, list[str]]  # attachment group -> hosts (sorted)
     excluded: dict[int, str] = field(default_factory=dict)  # link id -> why it carries nothing
+    # Every host link whatever its state, and whether it carries traffic now.
+    host_links: dict[int, Attachment] = field(default_factory=dict)
+    host_alive: dict[int, bool] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.has_srlgs = any(e.srlgs for e in self.edges) or any(
+            a.srlgs for a in self.host_links.values()
+        )
+        self.edge_of_link = {e.link_id: i for i, e in enumerate(self.edges)}
+        self.incident: list[list[int]] = [[] for _ in self.switches]
+        for i, e in enumerate(self.edges):
+            self.incident[e.u].append(i)
+            self.incident[e.v].append(i)
 
     @property
     def index(self) -> dict[str, SwitchId]:
@@ -79,16 +95,20 @@ class FabricGraph:
         switches = sorted(n for n, node in fabric.nodes.items() if node.role is Role.switch)
         index = {name: i for i, name in enumerate(switches)}
         edges: list[Edge] = []
+        alive: list[bool] = []
+        host_links: dict[int, Attachment] = {}
+        host_alive: dict[int, bool] = {}
         attachments: dict[str, list[Attachment]] = defaultdict(list)
         excluded: dict[int, str] = {}
         for link in sorted(fabric.links.values(), key=lambda lk: lk.id):
             a, b = link.a, link.b
+            usable = True
             if link.admin_state is not AdminState.up:
                 excluded[link.id] = f"link is {link.admin_state.value}"
-                continue
-            if not (usable_node[a.node] and usable_node[b.node]):
+                usable = False
+            elif not (usable_node[a.node] and usable_node[b.node]):
                 excluded[link.id] = "an end node is not up"
-                continue
+                usable = False
             srlgs = frozenset(link.srlgs)
             a_switch, b_switch = a.node in index, b.node in index
             if a_switch and b_switch:
@@ -96,24 +116,28 @@ class FabricGraph:
                     ((index[a.node], a.port), (index[b.node], b.port))
                 )
                 edges.append(Edge(link.id, u, v, u_port, v_port, srlgs))
+                alive.append(usable)
             elif a_switch or b_switch:
                 host_end, switch_end = (b, a) if a_switch else (a, b)
-                attachments[host_end.node].append(
-                    Attachment(
-                        host_end.node,
-                        host_end.port,
-                        index[switch_end.node],
-                        switch_end.port,
-                        link.id,
-                        srlgs,
-                    )
+                attachment = Attachment(
+                    host_end.node,
+                    host_end.port,
+                    index[switch_end.node],
+                    switch_end.port,
+                    link.id,
+                    srlgs,
                 )
+                host_links[link.id] = attachment
+                host_alive[link.id] = usable
+                if usable:
+                    attachments[host_end.node].append(attachment)
             else:
                 excluded[link.id] = "host-to-host links carry no fabric traffic"
         adjacency: list[list[tuple[SwitchId, int]]] = [[] for _ in switches]
         for i, edge in enumerate(edges):
-            adjacency[edge.u].append((edge.v, i))
-            adjacency[edge.v].append((edge.u, i))
+            if alive[i]:
+                adjacency[edge.u].append((edge.v, i))
+                adjacency[edge.v].append((edge.u, i))
         for neighbours in adjacency:
             neighbours.sort(key=lambda item: (item[0], edges[item[1]].link_id))
         groups: dict[Group, list[str]] = defaultdict(list)
@@ -123,4 +147,81 @@ class FabricGraph:
         for name, node in fabric.nodes.items():
             if node.role is Role.host and usable_node[name] and name not in attachments:
                 groups.setdefault((), []).append(name)  # isolated: no usable attachment
-        return cls(switches, edges, adjacency, dict(attachments), dict(groups), excluded)
+        return cls(
+            switches,
+            edges,
+            alive,
+            adjacency,
+            dict(attachments),
+            dict(groups),
+            excluded,
+            host_links,
+            host_alive,
+        )
+
+    def with_link_states(self, states: dict[int, bool]) -> FabricGraph:
+        """This graph with some links up (True) or out of service (False): the fast path for
+        health events and drains, touching only the switches and hosts at those links."""
+        alive = list(self.alive)
+        host_alive = dict(self.host_alive)
+        excluded = dict(self.excluded)
+        switches_touched: set[SwitchId] = set()
+        hosts_touched: set[str] = set()
+        for link_id, up in states.items():
+            if link_id in self.edge_of_link:
+                i = self.edge_of_link[link_id]
+                if alive[i] != up:
+                    alive[i] = up
+                    switches_touched |= {self.edges[i].u, self.edges[i].v}
+            elif link_id in self.host_links:
+                if host_alive[link_id] != up:
+                    host_alive[link_id] = up
+                    hosts_touched.add(self.host_links[link_id].host)
+            else:
+                raise KeyError(f"link {link_id} is not a fabric link")
+            if up:
+                excluded.pop(link_id, None)
+            else:
+                excluded[link_id] = "out of service"
+        adjacency = list(self.adjacency)
+        for v in switches_touched:
+            adjacency[v] = sorted(
+                ((self.edges[i].other(v), i) for i in self.incident[v] if alive[i]),
+                key=lambda item: (item[0], self.edges[item[1]].link_id),
+            )
+        attachments = dict(self.attachments)
+        groups = {g: list(h) for g, h in self.groups.items()} if hosts_touched else self.groups
+        for host in hosts_touched:
+            old_group = self.group_of(host)
+            now = sorted(
+                (a for lid, a in self.host_links.items() if a.host == host and host_alive[lid]),
+                key=lambda a: (a.switch, a.link_id),
+            )
+            if now:
+                attachments[host] = now
+            else:
+                attachments.pop(host, None)
+            if host in groups.get(old_group, []):
+                groups[old_group].remove(host)
+                if not groups[old_group]:
+                    del groups[old_group]
+            new_group = tuple(sorted({a.switch for a in now}))
+            groups.setdefault(new_group, []).append(host)
+            groups[new_group].sort()
+        return FabricGraph(
+            self.switches,
+            self.edges,
+            alive,
+            adjacency,
+            attachments,
+            groups,
+            excluded,
+            self.host_links,
+            host_alive,
+        )
+
+    def same_structure(self, other: FabricGraph) -> bool:
+        """Same switches and the same switch-to-switch links: edge indices carry over."""
+        return self.switches == other.switches and [(e.link_id, e.u, e.v) for e in self.edges] == [
+            (e.link_id, e.u, e.v) for e in other.edges
+        ]

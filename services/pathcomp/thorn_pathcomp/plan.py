@@ -14,7 +14,91 @@ from dataclasses import dataclass, field
 from thorn.fabric import Fabric
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group, SwitchId
 from thorn_pathcomp.stnumber import st_next_hops
-from thorn_pathcomp.trees import HOST, INF, Colour, GroupTrees, compute_group
+from thorn_pathcomp.trees import (
+    HOST,
+    INF,
+    Colour,
+    GroupTrees,
+    compute_group,
+    extend,
+    group_seed,
+    other_choice,
+    own_choice,
+)
+
+
+def repair(
+    graph: FabricGraph, trees: GroupTrees, lost: set[int], sources: set[SwitchId]
+) -> tuple[GroupTrees, set[SwitchId]] | None:
+    """Re-choose only the next hops that took a lost link, when distances and colours stand.
+
+    Gives exactly what `compute_group` would (tests compare them): own-colour choices are
+    rendezvous-hashed, so only a switch that lost its chosen link changes its mind, and the
+    other colour's distances are own-colour distances, which do not move. Returns None when
+    that is not enough (a source loses a colour: the group needs the general method).
+    Also returns the switches whose next hops changed.
+    """
+    level, colour = trees.level, trees.colour
+    nexts = (list(trees.next[0]), list(trees.next[1]))
+    dists = (list(trees.dist[0]), list(trees.dist[1]))
+    seed = group_seed(trees.group)
+    adjacency, edges = graph.adjacency, graph.edges
+    own_changed: set[SwitchId] = set()
+    # A next hop takes a link at its own switch: only the ends of lost links can change.
+    ends = sorted({end for i in lost for end in (edges[i].u, edges[i].v)})
+    for c in (Colour.red, Colour.blue):  # own colours first: the other colour avoids them
+        hops = nexts[c]
+        for v in ends:
+            hop = hops[v]
+            if hop is not None and hop.edge in lost and colour[v] == c:
+                choice = own_choice(v, c, level, colour, adjacency, seed)
+                if choice is None:
+                    return None
+                hops[v] = choice
+                own_changed.add(v)
+    missing: list[frozenset[SwitchId]] = []
+    touched = set(own_changed)
+    for c in (Colour.red, Colour.blue):
+        hops, dist_c, srlg_c = nexts[c], dists[c], trees.srlgs[c]
+        gone = set(trees.missing[c])
+        # The extension over switches without colour c must be redone when it lost a link
+        # or a distance it grew from moved.
+        redo = any(v in gone and getattr(hops[v], "edge", -1) in lost for v in ends)
+        for v in ends:
+            hop = hops[v]
+            if v in gone or colour[v] == c or hop is None or hop.switch == HOST:
+                continue
+            if hop.edge in lost or v in own_changed:
+                own = nexts[c.other][v]
+                choice = other_choice(
+                    v, c, colour, dist_c, srlg_c, adjacency, edges, own, frozenset(), seed
+                )
+                touched.add(v)
+                if choice is None:
+                    gone.add(v)
+                    redo = True
+                else:
+                    before = dist_c[v]
+                    hops[v], dist_c[v] = choice, dist_c[choice.switch] + 1
+                    redo = redo or dist_c[v] != before
+        if not sources.isdisjoint(gone):
+            return None
+        if gone and redo:
+            extend(frozenset(gone), hops, dist_c, srlg_c, adjacency, edges)
+            touched |= gone
+        missing.append(frozenset(gone))
+    repaired = GroupTrees(
+        trees.group,
+        level,
+        colour,
+        nexts,
+        dists,
+        trees.srlgs,
+        False,
+        "partition",
+        (missing[0], missing[1]),
+    )
+    return repaired, touched
 
 
 def group_trees(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees:
@@ -23,7 +107,9 @@ def group_trees(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> Gro
     if not trees.fallback:
         return trees
     red, blue = st_next_hops(graph, group)
-    return GroupTrees.from_next_hops(graph, group, trees.level, red, blue, "st")
+    st = GroupTrees.from_next_hops(graph, group, trees.level, red, blue, "st")
+    st.missing = trees.missing  # what made the partition fall short, for incremental updates
+    return st
 
 
 class UnknownHost(LookupError):
@@ -115,23 +201,180 @@ class _Choice:
     shortest: int
 
 
+@dataclass(frozen=True)
+class PlanUpdate:
+    """What an incremental update recomputed (`full`: everything, the structure changed)."""
+
+    recomputed: frozenset[Group]
+    dropped: frozenset[Group]
+    full: bool
+    seconds: float
+
+
 class Plan:
     def __init__(self, graph: FabricGraph, trees: dict[Group, GroupTrees], revision: int) -> None:
         self.graph = graph
         self.trees = trees
         self.topology_revision = revision
         self.summary = PlanSummary()
+        self.sources = graph.sources
+        # edge index -> groups whose trees take it: what a failing link touches
+        self.users: dict[int, set[Group]] = {}
+        for group, group_trees_ in trees.items():
+            self._index(group, group_trees_)
+
+    def _index(self, group: Group, trees: GroupTrees) -> None:
+        for edge in trees.uses():
+            self.users.setdefault(edge, set()).add(group)
+
+    def _unindex(self, group: Group, trees: GroupTrees) -> None:
+        for edge in trees.uses():
+            self.users[edge].discard(group)
+
+    def _reindex(
+        self, group: Group, old: GroupTrees, new: GroupTrees, switches: set[SwitchId]
+    ) -> None:
+        """Update the index for next hops that changed at `switches` only."""
+        edges = {
+            h.edge
+            for t in (old, new)
+            for v in switches
+            for h in (t.next[0][v], t.next[1][v])
+            if h is not None and h.edge >= 0
+        }
+        for edge in edges:
+            e = self.graph.edges[edge]
+            used = any(
+                h is not None and h.edge == edge
+                for v in (e.u, e.v)
+                for h in (new.next[0][v], new.next[1][v])
+            )
+            if used:
+                self.users.setdefault(edge, set()).add(group)
+            else:
+                self.users.get(edge, set()).discard(group)
 
     @classmethod
-    def compute(cls, fabric: Fabric) -> Plan:
+    def compute(cls, fabric: Fabric, *, summarise: bool = True) -> Plan:
         start = time.perf_counter()
         graph = FabricGraph.from_fabric(fabric)
         sources = graph.sources
         trees = {g: group_trees(graph, g, sources) for g in graph.groups if g}
         plan = cls(graph, trees, fabric.revision)
-        plan.summary = plan.summarise()
+        if summarise:
+            plan.summary = plan.summarise()
         plan.summary.compute_seconds = time.perf_counter() - start
         return plan
+
+    # --- incremental re-protection ----------------------------------------------------------
+
+    def update(self, fabric: Fabric) -> tuple[Plan, PlanUpdate]:
+        """The plan for `fabric`, recomputing only the groups a change can touch.
+
+        The result equals `Plan.compute(fabric)` (tests hold it to that). A change of
+        switches, of the set of switch-to-switch links or of SRLGs recomputes everything.
+        """
+        start = time.perf_counter()
+        graph = FabricGraph.from_fabric(fabric)
+        if not graph.same_structure(self.graph) or any(
+            a.srlgs != b.srlgs for a, b in zip(graph.edges, self.graph.edges, strict=True)
+        ):
+            plan = Plan.compute(fabric, summarise=False)
+            elapsed = time.perf_counter() - start
+            return plan, PlanUpdate(frozenset(plan.trees), frozenset(), True, elapsed)
+        return self._update_to(graph, fabric.revision, start)
+
+    def update_links(self, states: dict[int, bool], revision: int) -> tuple[Plan, PlanUpdate]:
+        """The fast path for health events and drains: links going out of service or back."""
+        start = time.perf_counter()
+        return self._update_to(self.graph.with_link_states(states), revision, start)
+
+    def _update_to(
+        self, graph: FabricGraph, revision: int, start: float
+    ) -> tuple[Plan, PlanUpdate]:
+        """Move to `graph` (same structure), keeping every group no change can touch.
+
+        A group is kept only when no changed link is in its trees, changes its distance
+        layers or colours, or could become one of its choices. This plan's edge index moves
+        to the new plan: update a plan once, then use the one returned.
+        """
+        changed = [
+            i
+            for i, (now, before) in enumerate(zip(graph.alive, self.graph.alive, strict=True))
+            if now != before
+        ]
+        only_losses = not any(graph.alive[i] for i in changed)
+        sources = graph.sources
+        flipped_sources = sources ^ self.sources
+        groups = {g for g in graph.groups if g}
+        affected = {g for g in groups if g not in self.trees}
+        repairable: set[Group] = set()
+        for group in groups - affected:
+            trees = self.trees[group]
+            # st-numbered groups depend on the whole block structure: any change redoes them.
+            method_flips = bool(flipped_sources) and (
+                (not sources.isdisjoint(trees.missing[0] | trees.missing[1]))
+                != (trees.method == "st")
+            )
+            if (trees.method == "st" and changed) or method_flips:
+                affected.add(group)
+                continue
+            reasons = {self._touches(graph, group, trees, i) for i in changed}
+            if "structure" in reasons:
+                affected.add(group)
+            elif "used" in reasons:
+                affected.add(group)
+                if only_losses and not graph.has_srlgs:
+                    repairable.add(group)
+        new_trees = {g: self.trees[g] for g in groups - affected}
+        lost = set(changed)
+        repaired_at: dict[Group, set[SwitchId]] = {}
+        for group in affected:
+            result = None
+            if group in repairable:
+                result = repair(graph, self.trees[group], lost, sources)
+            if result is not None:
+                new_trees[group], repaired_at[group] = result
+            else:
+                new_trees[group] = group_trees(graph, group, sources)
+        plan = Plan.__new__(Plan)
+        plan.graph, plan.trees, plan.topology_revision = graph, new_trees, revision
+        plan.summary, plan.sources = PlanSummary(), sources
+        plan.users, self.users = self.users, {}  # moved, not copied: it is large
+        dropped = frozenset(set(self.trees) - groups)
+        for group in dropped | (affected & set(self.trees)) - set(repaired_at):
+            plan._unindex(group, self.trees[group])
+        for group in affected - set(repaired_at):
+            plan._index(group, new_trees[group])
+        for group, switches in repaired_at.items():
+            plan._reindex(group, self.trees[group], new_trees[group], switches)
+        elapsed = time.perf_counter() - start
+        return plan, PlanUpdate(frozenset(affected), dropped, False, elapsed)
+
+    def _touches(self, graph: FabricGraph, group: Group, trees: GroupTrees, edge: int) -> str:
+        """What edge `edge` going down (or up) in `graph` does to this group's trees:
+        "none"; "used" (a next hop took it: re-choose those hops); "structure" (distances,
+        colours or choices elsewhere may move: recompute the group)."""
+        e = graph.edges[edge]
+        level, colour = trees.level, trees.colour
+        lu, lv = level[e.u], level[e.v]
+        if not graph.alive[edge]:
+            on_shortest_path = abs(lu - lv) == 1 and lu < INF and lv < INF
+            if on_shortest_path:
+                low, high = (e.u, e.v) if lu < lv else (e.v, e.u)
+                # Does the farther end keep its distance and its view of the colours below?
+                others = [w for w, _ in graph.adjacency[high] if level[w] == level[low]]
+                if not others or colour[low] not in {colour[w] for w in others}:
+                    return "structure"
+            return "used" if group in self.users.get(edge, ()) else "none"
+        if lu >= INF and lv >= INF:
+            return "none"
+        if lu != lv:
+            return "structure"  # a new shortcut or a new shortest-path neighbour
+        missing = trees.missing[0] | trees.missing[1]
+        if colour[e.u] != colour[e.v] or colour[e.u] < 0 or e.u in missing or e.v in missing:
+            return "structure"
+        return "none"
 
     # --- pairs ------------------------------------------------------------------------------
 

@@ -64,6 +64,8 @@ class GroupTrees:
     srlgs: tuple[list[frozenset[str]], list[frozenset[str]]]  # SRLGs on each path
     fallback: bool  # some source switch lacks a neighbour of one colour
     method: str = "partition"  # or "st": the general method of stnumber.py
+    # Per colour, the switches that had no neighbour of that colour (decides `fallback`).
+    missing: tuple[frozenset[SwitchId], frozenset[SwitchId]] = (frozenset(), frozenset())
 
     @classmethod
     def from_next_hops(
@@ -104,7 +106,8 @@ class GroupTrees:
                         srlgs[colour][w] = graph.edges[nh.edge].srlgs | srlgs[colour][nh.switch]
         return cls(group, level, [-1] * n, (red, blue), dists, srlgs, False, method)
 
-    def used_edges(self) -> set[int]:
+    def uses(self) -> set[int]:
+        """Edge indices any next hop of either tree takes."""
         return {h.edge for hops in self.next for h in hops if h is not None and h.edge >= 0}
 
     def path(self, start: SwitchId, colour: Colour) -> list[tuple[SwitchId, int]]:
@@ -137,14 +140,19 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
         for i, s in enumerate(group):
             colour[s] = i % 2
     # 1 + 2: BFS layers, colouring each switch from its shortest-path neighbours.
-    order: list[SwitchId] = []
+    layers: list[list[SwitchId]] = [sorted(group)]
     while queue:
         v = queue.popleft()
-        order.append(v)
         for u, _ in adjacency[v]:
             if level[u] == INF:
                 level[u] = level[v] + 1
                 queue.append(u)
+                if level[u] == len(layers):
+                    layers.append([])
+                layers[level[u]].append(u)
+    # Layer by layer, each in switch number order: the order depends on distances only, so a
+    # link that changes no distance changes no colour (what incremental updates rely on).
+    order = [v for layer in layers for v in sorted(layer)]
     alternate = 0
     for v in order:
         lv = level[v]
@@ -163,6 +171,7 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
             colour[v] = seen - 1  # 1 -> red, 2 -> blue
     if single:
         colour[group[0]] = BOTH  # the one attachment switch ends both colours
+    seed = group_seed(group)
     # 3: next hops per colour; own colour down the layers, the other colour sideways.
     nexts: tuple[list[NextHop | None], list[NextHop | None]] = ([None] * n, [None] * n)
     dists = ([INF] * n, [INF] * n)
@@ -171,21 +180,21 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
     to_host = NextHop(HOST, -1)
     for c in (Colour.red, Colour.blue):
         nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
-        for v in order:  # own colour: the first shortest-path neighbour of that colour
+        for v in order:  # own colour: a shortest-path neighbour of that colour
             lv = level[v]
             if lv == 0:
                 if single or colour[v] == c:
                     nh_c[v], dist_c[v] = to_host, 0
                 continue
-            if colour[v] != c:
-                continue
-            for u, e in adjacency[v]:
-                if level[u] == lv - 1 and (colour[u] == c or colour[u] == BOTH):
-                    nh_c[v], dist_c[v] = NextHop(u, e), lv
-                    link_srlgs = edges[e].srlgs
-                    srlg_c[v] = srlg_c[u] | link_srlgs if link_srlgs else srlg_c[u]
-                    break
+            if colour[v] == c:
+                choice = own_choice(v, c, level, colour, adjacency, seed)
+                if choice is not None:
+                    nh_c[v], dist_c[v] = choice, lv
+                    link_srlgs = edges[choice.edge].srlgs
+                    base = srlg_c[choice.switch]
+                    srlg_c[v] = base | link_srlgs if link_srlgs else base
     fallback = False
+    missing_sets: list[frozenset[SwitchId]] = []
     for c in (Colour.red, Colour.blue):
         nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
         own_hops, own_srlgs = nexts[c.other], srlgs[c.other]
@@ -193,30 +202,108 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
             if nh_c[v] is not None:
                 continue
             own = own_hops[v]
-            taken = own.edge if own is not None else None  # never share the own colour's link
-            avoid = own_srlgs[v]
-            best_d, best_conflict, choice = INF, 2, None
-            for u, e in adjacency[v]:
-                d = dist_c[u]
-                if d >= INF or d > best_d or e == taken or (colour[u] != c and colour[u] != BOTH):
-                    continue
-                if d == best_d and best_conflict == 0:
-                    continue  # an equally short, SRLG-clean choice came earlier in number order
-                conflict = 1 if avoid and (edges[e].srlgs | srlg_c[u]) & avoid else 0
-                if d < best_d or conflict < best_conflict:  # ties: first in number order
-                    best_d, best_conflict, choice = d, conflict, NextHop(u, e)
+            choice = other_choice(
+                v, c, colour, dist_c, srlg_c, adjacency, edges, own, own_srlgs[v], seed
+            )
             if choice is not None:
-                nh_c[v], dist_c[v] = choice, best_d + 1
+                nh_c[v], dist_c[v] = choice, dist_c[choice.switch] + 1
                 link_srlgs = edges[choice.edge].srlgs
                 base = srlg_c[choice.switch]
                 srlg_c[v] = base | link_srlgs if link_srlgs else base
         # Switches with no neighbour of colour c: extend c's tree outwards (nearest first).
         missing = [v for v in order if nh_c[v] is None]
+        missing_sets.append(frozenset(missing))
         if missing:
             # Only a source switch matters: transit switches carry one colour anyway.
             fallback = fallback or not sources.isdisjoint(missing)
             _extend(missing, nh_c, dist_c, srlg_c, adjacency, edges)
-    return GroupTrees(group, level, colour, nexts, dists, srlgs, fallback)
+    missing_pair = (missing_sets[0], missing_sets[1])
+    return GroupTrees(
+        group, level, colour, nexts, dists, srlgs, fallback, "partition", missing_pair
+    )
+
+
+MASK64 = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15  # Fibonacci hashing: link weights per destination seed
+
+
+def group_seed(group: Group) -> int:
+    return _mix(sum((s + 1) * 0x9E3779B1 for s in group))
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit hash of an integer."""
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def own_choice(
+    v: SwitchId,
+    c: Colour,
+    level: list[int],
+    colour: list[int],
+    adjacency: list[list[tuple[SwitchId, int]]],
+    seed: int,
+) -> NextHop | None:
+    """Among v's shortest-path neighbours of colour c, the one with the highest rendezvous
+    weight for this destination: destinations spread over equal links (like ECMP), and
+    losing a link that was not chosen never changes the choice. (Weights hash the edge's
+    index, which stays fixed while links go down and up.)"""
+    want = level[v] - 1
+    best_weight, best_u, best_e = -1, -1, -1
+    for u, e in adjacency[v]:
+        if level[u] == want and (colour[u] == c or colour[u] == BOTH):
+            weight = ((seed ^ e) * GOLDEN) & MASK64
+            if weight > best_weight:
+                best_weight, best_u, best_e = weight, u, e
+    return NextHop(best_u, best_e) if best_e >= 0 else None
+
+
+def other_choice(
+    v: SwitchId,
+    c: Colour,
+    colour: list[int],
+    dist_c: list[int],
+    srlg_c: list[frozenset[str]],
+    adjacency: list[list[tuple[SwitchId, int]]],
+    edges: list[Edge],
+    own: NextHop | None,
+    avoid: frozenset[str],
+    seed: int,
+) -> NextHop | None:
+    """v's next hop for the colour it is not: the nearest neighbour of colour c, preferring
+    one whose path shares no SRLG with v's own-colour path, then the highest rendezvous
+    weight (spreads destinations; a lost link that was not chosen changes nothing). Never
+    the link v's own colour takes."""
+    taken = own.edge if own is not None else -1
+    best_d, best_conflict, best_weight, best_u, best_e = INF, 2, -1, -1, -1
+    for u, e in adjacency[v]:
+        d = dist_c[u]
+        if d > best_d or d >= INF or e == taken or (colour[u] != c and colour[u] != BOTH):
+            continue
+        conflict = 1 if avoid and (edges[e].srlgs | srlg_c[u]) & avoid else 0
+        if d == best_d and conflict > best_conflict:
+            continue
+        weight = ((seed ^ e) * GOLDEN) & MASK64
+        if d < best_d or conflict < best_conflict or weight > best_weight:
+            best_d, best_conflict, best_weight, best_u, best_e = d, conflict, weight, u, e
+    return NextHop(best_u, best_e) if best_e >= 0 else None
+
+
+def extend(
+    missing: frozenset[SwitchId],
+    nh_c: list[NextHop | None],
+    dist_c: list[int],
+    srlg_c: list[frozenset[str]],
+    adjacency: list[list[tuple[SwitchId, int]]],
+    edges: list[Edge],
+) -> None:
+    """(Re)build the extension of one colour's tree over the switches in `missing`."""
+    for v in missing:
+        nh_c[v], dist_c[v] = None, INF
+    _extend(sorted(missing), nh_c, dist_c, srlg_c, adjacency, edges)
 
 
 def _extend(
@@ -229,21 +316,19 @@ def _extend(
 ) -> None:
     """Give every switch still without colour c a next hop towards c's tree.
 
-    A multi-source Dijkstra (unit weights) seeded with every switch that has a c path:
-    nearest first, ties by switch number then link id, so the result is deterministic and
-    distances strictly fall along every next hop (no loops).
+    A multi-source Dijkstra (unit weights) from the switches next to them that have a c
+    path: nearest first, ties by switch number then link id, so the result is deterministic
+    and distances strictly fall along every next hop (no loops).
     """
     todo = set(missing)
-    heap = [(dist_c[u], u) for u in range(len(dist_c)) if dist_c[u] < INF]
+    heap = list({(dist_c[u], u) for v in todo for u, _ in adjacency[v] if dist_c[u] < INF})
     heapq.heapify(heap)
     while heap and todo:
         d, u = heapq.heappop(heap)
-        if d != dist_c[u]:
-            continue
         for v, e in adjacency[u]:
-            if v in todo and dist_c[v] > d + 1:
-                nh_c[v] = NextHop(u, e)
-                dist_c[v] = d + 1
-                srlg_c[v] = edges[e].srlgs | srlg_c[u]
+            if v in todo:
+                todo.discard(v)
+                nh_c[v], dist_c[v] = NextHop(u, e), d + 1
+                link_srlgs = edges[e].srlgs
+                srlg_c[v] = srlg_c[u] | link_srlgs if link_srlgs else srlg_c[u]
                 heapq.heappush(heap, (d + 1, v))
-        todo -= {v for v, _ in adjacency[u] if dist_c[v] == d + 1}

@@ -1,0 +1,814 @@
+"""Leader election among replicas of a service, on a JetStream KV lease.
+
+::
+
+    async with await Bus.connect(url, name="pathcomp") as bus:
+        async with LeaderElection(bus, "pathcomp") as election:
+            await election.run_as_leader(compute_paths_forever)   # cancelled when leadership goes
+
+One key per election (`pathcomp`) in the lease bucket (`thorn-leases`), whose entries expire
+`ttl` seconds (the bucket's max_age) after they were written. A candidate becomes leader by
+`create` (succeeds only while the key is absent: never written, deleted, or expired), renews
+with a compare-and-set `update(last=revision)` every ttl/3, and steps down on the first failed
+renewal (conflict, timeout, lost connection). Followers try `create` every ttl/3 and at once
+when a KV watch shows the key deleted (a leader that resigns). A graceful `close()`/`resign()`
+deletes the key with `last=revision`, so another candidate takes over within milliseconds; a
+crashed leader's key expires at most `ttl` after the crash (plus the server's expiry lag, up
+to 0.25 s for file storage), and a follower's next poll, ttl/3 later at most, takes over.
+
+Safety (never two leaders acting at once):
+
+* the server stamps a lease write no earlier than the moment the holder *sent* it, and removes
+  it no earlier than max_age = ttl after that stamp (measured: 0-250 ms late, never early);
+  while it exists every rival `create` fails, and the holder's own CAS renewals fail as soon
+  as anybody else wrote the key;
+* the holder counts its lease from the send time of its last successful write (not from the
+  acknowledgement) and is leader only until send + 0.8 * ttl; `is_leader` evaluates that
+  deadline itself, so a stalled event loop or a renewal stuck in flight cannot stretch it;
+* so an old leader stops at least 0.2 * ttl before any rival can acquire. Assumed: clock rates
+  of the candidates and the server agree within that margin over one ttl, the server's wall
+  clock is not stepped forward, and acknowledged writes survive a server restart (the bucket
+  is file-backed; use replicas=3 in a cluster). Downstream writers can fence on `term` (the
+  KV revision at which leadership was acquired, increasing across terms).
+
+Transitions are logged (`leader_elected` / `leader_lost`), exported as the Prometheus gauge
+`thorn_leader{election,candidate}` (1 while leader) and counter
+`thorn_leader_transitions_total{election,candidate,transition}`, passed to an optional
+`on_transition` callback and to every `transitions()` stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Literal, Self, TypeVar
+
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.js import JetStreamContext, api
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from prometheus_client import REGISTRY, Counter, Gauge
+
+from thorn.bus import Bus
+from thorn.events import KeyValueSpec
+
+log = structlog.get_logger("thorn.leader")
+
+DEFAULT_TTL = 3.0
+"""Default lease duration, seconds: also the lease bucket's max_age."""
+
+STEP_DOWN_AT = 0.8
+"""A holder acts as leader until this fraction of `ttl` after sending its last renewal."""
+
+LEASES_KV = KeyValueSpec(
+    bucket="thorn-leases",
+    description="leader-election leases, one key per election; entries expire after the lease "
+    "duration (the bucket's max_age)",
+    history=1,
+    max_value_size=1024,
+    max_bytes=1 << 20,
+    storage="file",  # a lease must survive a server restart, or a rival could acquire early
+)
+
+Clock = Callable[[], float]
+TransitionKind = Literal["became_leader", "lost_leadership"]
+
+_ERR_STREAM_NAME_IN_USE = 10058
+_ERR_WRONG_LAST_SEQUENCE = (10071, 10164)
+# What a KV operation raises when the server is slow, gone or refuses: never fatal here.
+_TRANSIENT: tuple[type[BaseException], ...] = (nats.errors.Error, TimeoutError, OSError)
+
+
+# --------------------------------------------------------------------------------------------
+# Metrics (registered once per process)
+# --------------------------------------------------------------------------------------------
+
+_M = TypeVar("_M", Counter, Gauge)
+
+
+def _metric(kind: type[_M], name: str, documentation: str, labels: list[str]) -> _M:
+    try:
+        return kind(name, documentation, labels)
+    except ValueError:  # already registered (module reloaded, or two copies imported)
+        collectors = getattr(REGISTRY, "_names_to_collectors", {})
+        existing = collectors.get(name) or collectors.get(f"{name}_total")
+        if isinstance(existing, kind):
+            return existing
+        raise
+
+
+LEADER = _metric(Gauge, "thorn_leader", "1 while this candidate leads", ["election", "candidate"])
+TRANSITIONS = _metric(
+    Counter,
+    "thorn_leader_transitions",
+    "leadership transitions (became_leader, lost_leadership)",
+    ["election", "candidate", "transition"],
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Errors, ids, records
+# --------------------------------------------------------------------------------------------
+
+
+class LeaseConfigError(Exception):
+    """The lease bucket exists but cannot hold leases (it has no max_age)."""
+
+
+def make_candidate_id(prefix: str | None = None) -> str:
+    """A unique candidate id: `<host>-<pid>-<random>` (or `<prefix>-<pid>-<random>`)."""
+    return f"{prefix or socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """This candidate became leader or lost leadership; `term` is the KV revision of the term."""
+
+    kind: TransitionKind
+    election: str
+    candidate: str
+    term: int
+    reason: str
+    at: float  # the election's clock (time.monotonic by default)
+
+    @property
+    def became_leader(self) -> bool:
+        return self.kind == "became_leader"
+
+
+@dataclass(frozen=True, slots=True)
+class _Record:
+    """The value of a lease key."""
+
+    candidate: str
+    token: str  # per LeaderElection object: only this object may reclaim a lease it wrote
+
+    def encode(self) -> bytes:
+        return json.dumps({"candidate": self.candidate, "token": self.token}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes | None) -> _Record | None:
+        try:
+            raw = json.loads(data or b"")
+            return cls(candidate=str(raw["candidate"]), token=str(raw["token"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+# --------------------------------------------------------------------------------------------
+# The timing rules, without I/O
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Lease:
+    """When a holder may act as leader and when it must renew; the clock is injectable.
+
+    A write (create or renewal) *sent* at `sent_at` and acknowledged makes the holder leader
+    until `sent_at + step_down_at * ttl`; it renews from `sent_at + renew_every` on.
+    """
+
+    ttl: float
+    clock: Clock = time.monotonic
+    step_down_at: float = STEP_DOWN_AT
+    renew_every: float | None = None  # default ttl / 3
+    revision: int | None = field(default=None, init=False)
+    term: int | None = field(default=None, init=False)
+    sent_at: float = field(default=0.0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.ttl <= 0:
+            raise ValueError(f"lease ttl must be positive, got {self.ttl}")
+        if not 0 < self.step_down_at < 1:
+            raise ValueError(f"step_down_at must be within (0, 1), got {self.step_down_at}")
+        if self.renew_every is None:
+            self.renew_every = self.ttl / 3
+        if not 0 < self.renew_every < self.step_down_at * self.ttl:
+            raise ValueError("renew_every must be positive and below step_down_at * ttl")
+
+    @property
+    def deadline(self) -> float:
+        """Clock time from which the holder must no longer act as leader."""
+        return self.sent_at + self.step_down_at * self.ttl
+
+    @property
+    def renew_at(self) -> float:
+        assert self.renew_every is not None
+        return self.sent_at + self.renew_every
+
+    @property
+    def held(self) -> bool:
+        """A lease was granted and not dropped (it may have lapsed: see `valid`)."""
+        return self.revision is not None
+
+    @property
+    def valid(self) -> bool:
+        return self.revision is not None and self.clock() < self.deadline
+
+    def remaining(self) -> float:
+        return max(0.0, self.deadline - self.clock()) if self.revision is not None else 0.0
+
+    def grant(self, revision: int, sent_at: float, *, new_term: bool) -> bool:
+        """Record a successful write sent at `sent_at`. False (nothing recorded) if too late."""
+        if self.clock() >= sent_at + self.step_down_at * self.ttl:
+            return False
+        if new_term or self.term is None:
+            self.term = revision
+        self.revision = revision
+        self.sent_at = sent_at
+        return True
+
+    def drop(self) -> int | None:
+        """Forget the lease; returns the term that ended (None if there was none)."""
+        term, self.revision, self.term = self.term, None, None
+        return term
+
+
+# --------------------------------------------------------------------------------------------
+# The election
+# --------------------------------------------------------------------------------------------
+
+
+async def _stop_task(task: asyncio.Task[None]) -> None:
+    """Cancel `task` and wait until it is done.
+
+    The cancellation is repeated: on Python 3.11 `asyncio.wait_for` (which nats-py's requests
+    use) can swallow a cancellation that arrives as its result does.
+    """
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("leader_task_failed", task=task.get_name(), error=repr(task.exception()))
+
+
+class TransitionStream:
+    """Async iterator of this candidate's `Transition`s from its creation on; ends at close."""
+
+    def __init__(self, election: LeaderElection) -> None:
+        self._election = election
+        self._queue: asyncio.Queue[Transition | None] = asyncio.Queue()
+        election._streams.add(self._queue)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Transition:
+        item = await self._queue.get()
+        if item is None:
+            self._queue.put_nowait(None)  # stay ended
+            raise StopAsyncIteration
+        return item
+
+    def close(self) -> None:
+        self._election._streams.discard(self._queue)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class LeaderElection:
+    """One candidate in the election `name`; see the module docstring for the protocol.
+
+    `conn` is a `Bus` or a nats-py client (the election makes its own JetStream context, whose
+    requests time out after `op_timeout`, default ttl/3). If the bucket already exists with
+    another max_age, that max_age is the lease duration (`ttl` is corrected, with a warning).
+    Candidate ids must be unique: the default is `make_candidate_id()`.
+    """
+
+    def __init__(
+        self,
+        conn: Bus | NatsClient,
+        name: str,
+        candidate_id: str | None = None,
+        *,
+        ttl: float = DEFAULT_TTL,
+        bucket: KeyValueSpec = LEASES_KV,
+        replicas: int = 1,
+        op_timeout: float | None = None,
+        on_transition: Callable[[Transition], Awaitable[None]] | None = None,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        if not name or not all(c.isalnum() or c in "-_=/" for c in name):
+            raise ValueError(f"election name {name!r} is not a valid KV key")
+        self._nc: NatsClient = conn.nc if isinstance(conn, Bus) else conn
+        self.name = name
+        self.candidate_id = candidate_id or make_candidate_id()
+        self.bucket = bucket
+        self._replicas = replicas
+        self._clock = clock
+        self._lease = Lease(ttl, clock)
+        self._op_timeout_arg = op_timeout
+        self._js: JetStreamContext = self._nc.jetstream(timeout=self.op_timeout)
+        self._record = _Record(self.candidate_id, secrets.token_hex(8))
+        self._on_transition = on_transition
+
+        self._kv: KeyValue | None = None
+        self._lock = asyncio.Lock()  # one KV write at a time: acquire, renew, release
+        self._announced = False  # a became_leader was emitted and no lost_leadership since
+        self._epoch = 0  # bumped by every step-down (and resign/close, which step down)
+        self._written: int | None = None  # revision of our latest write that may be current
+        self._hold_off_until = 0.0
+        self._nudge = asyncio.Event()
+        self._leader_event = asyncio.Event()
+        self._follower_event = asyncio.Event()
+        self._follower_event.set()
+        self._streams: set[asyncio.Queue[Transition | None]] = set()
+        self._callbacks: asyncio.Queue[Transition] = asyncio.Queue()
+        self._campaign_task: asyncio.Task[None] | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self._watch_reconnects = -1
+        self._dispatch_task: asyncio.Task[None] | None = None
+        self._closed = False
+        LEADER.labels(name, self.candidate_id).set(0)
+
+    # ------------------------------------------------------------------------------- state
+
+    @property
+    def ttl(self) -> float:
+        """The lease duration in seconds (the bucket's max_age)."""
+        return self._lease.ttl
+
+    @property
+    def op_timeout(self) -> float:
+        return self._op_timeout_arg if self._op_timeout_arg is not None else self.ttl / 3
+
+    @property
+    def poll_interval(self) -> float:
+        return self.ttl / 3
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this candidate holds a lease it may act on (checked against the clock)."""
+        return self._announced and self._lease.valid
+
+    @property
+    def term(self) -> int | None:
+        """The KV revision at which the current term began (a fencing token), None if follower."""
+        return self._lease.term if self.is_leader else None
+
+    async def wait_leader(self) -> None:
+        """Wait until this candidate is leader. Bound it with `asyncio.timeout`."""
+        await self._leader_event.wait()
+
+    async def wait_follower(self) -> None:
+        """Wait until this candidate is not leader (returns at once if it is not)."""
+        await self._follower_event.wait()
+
+    async def leader_id(self) -> str | None:
+        """The current holder's candidate id as stored in the KV (None: nobody holds it).
+
+        A lease that has just expired may still be reported for up to ~0.25 s (the server's
+        expiry granularity). Raises nats-py errors / TimeoutError if NATS does not answer.
+        """
+        kv = await self._bucket()
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                entry = await kv.get(self.name)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        record = _Record.decode(entry.value)
+        return record.candidate if record is not None else None
+
+    def transitions(self) -> TransitionStream:
+        """A stream of this candidate's transitions from now on (ends when the election closes).
+
+        ::
+
+            async with election.transitions() as stream:
+                async for t in stream: ...
+        """
+        return TransitionStream(self)
+
+    # ---------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> Self:
+        """Make sure the lease bucket exists and start campaigning in the background.
+
+        Raises `LeaseConfigError` for an unusable bucket, TimeoutError / nats-py errors if
+        NATS does not answer.
+        """
+        if self._closed:
+            raise RuntimeError("this election was closed; create a new LeaderElection")
+        if self._campaign_task is None:
+            await self._bucket()
+            self._dispatch_task = asyncio.create_task(
+                self._dispatch(), name=f"leader-dispatch-{self.name}"
+            )
+            self._campaign_task = asyncio.create_task(
+                self._campaign(), name=f"leader-campaign-{self.name}"
+            )
+        return self
+
+    async def run(self) -> None:
+        """Campaign until cancelled.
+
+        Cancellation is treated like a crash: leadership is dropped locally at once but the
+        lease is *not* released (another candidate takes over when it expires, after `ttl`).
+        For a prompt hand-over use `async with election:` or call `close()`.
+        """
+        await self.start()
+        assert self._campaign_task is not None
+        try:
+            await asyncio.shield(self._campaign_task)
+        finally:
+            await self.close(resign=False)
+
+    async def close(self, *, resign: bool = True) -> None:
+        """Stop campaigning; step down; with `resign`, release the lease for a prompt takeover.
+
+        Waits at most about `op_timeout` for a write in flight and `ttl` for `on_transition`.
+        """
+        if self._closed:
+            return
+        self._closed = True  # from here on the campaign starts no write
+        self._step_down("resigned" if resign else "closed")
+        async with self._lock:
+            pass  # let a write in flight finish, so that its revision is known for the release
+        for task in (self._campaign_task, self._watch_task):
+            if task is not None:
+                await _stop_task(task)
+        if resign:
+            async with self._lock:
+                await self._release()
+        for queue in list(self._streams):
+            queue.put_nowait(None)
+        if self._dispatch_task is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.ttl):
+                    await self._callbacks.join()
+            await _stop_task(self._dispatch_task)
+        LEADER.labels(self.name, self.candidate_id).set(0)
+
+    async def resign(self, *, hold_off: float | None = None) -> bool:
+        """Step down and release the lease so another candidate takes over at once.
+
+        This candidate stays in the election but does not try to acquire for `hold_off`
+        seconds (default: ttl). Returns whether it was leader.
+        """
+        was_leader = self.is_leader
+        self._step_down("resigned")
+        self._hold_off_until = self._clock() + (self.ttl if hold_off is None else hold_off)
+        async with self._lock:
+            await self._release()
+        return was_leader
+
+    async def run_as_leader(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run `work()` whenever this candidate becomes leader; cancel it when leadership goes.
+
+        Runs until cancelled (start the election first). If `work()` returns while still
+        leader it is not restarted before the next term; if it raises, the error propagates.
+        """
+        while True:
+            await self.wait_leader()
+            term = self.term
+            job = asyncio.create_task(work(), name=f"leader-work-{self.name}")
+            lost = asyncio.create_task(self.wait_follower())
+            try:
+                await asyncio.wait({job, lost}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                lost.cancel()
+                if not job.done():
+                    job.cancel()
+                    log.info("leader_work_cancelled", election=self.name, term=term)
+                with contextlib.suppress(asyncio.CancelledError):
+                    await job  # a failure of work() propagates
+            await self.wait_follower()
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------------------ bucket
+
+    async def _bucket(self) -> KeyValue:
+        """The lease bucket, created with max_age = ttl if missing; adopts an existing max_age."""
+        if self._kv is not None:
+            return self._kv
+        spec = self.bucket
+        async with asyncio.timeout(self.op_timeout * 3):
+            try:
+                kv = await self._js.key_value(spec.bucket)
+            except nats.js.errors.BucketNotFoundError:
+                config = api.KeyValueConfig(
+                    bucket=spec.bucket,
+                    description=spec.description,
+                    history=spec.history,
+                    ttl=self.ttl,
+                    max_value_size=spec.max_value_size,
+                    max_bytes=spec.max_bytes,
+                    storage=api.StorageType(spec.storage),
+                    replicas=self._replicas,
+                )
+                try:
+                    kv = await self._js.create_key_value(config)
+                    log.info("lease_bucket_created", bucket=spec.bucket, ttl=self.ttl)
+                except nats.js.errors.APIError as exc:
+                    if exc.err_code != _ERR_STREAM_NAME_IN_USE:
+                        raise
+                    kv = await self._js.key_value(spec.bucket)  # a rival created it first
+            status = await kv.status()
+        max_age = status.ttl
+        if not max_age:
+            raise LeaseConfigError(
+                f"KV bucket {spec.bucket} has no max_age: its entries never expire, so it "
+                "cannot hold leases; delete it or use another bucket"
+            )
+        if abs(max_age - self.ttl) > 1e-6:
+            log.warning(
+                "lease_ttl_from_bucket",
+                election=self.name,
+                bucket=spec.bucket,
+                requested=self.ttl,
+                bucket_max_age=max_age,
+            )
+            self._lease = Lease(max_age, self._clock)
+            self._js = self._nc.jetstream(timeout=self.op_timeout)
+            kv = await self._js.key_value(spec.bucket)
+        self._kv = kv
+        return kv
+
+    # ---------------------------------------------------------------------------- campaign
+
+    async def _campaign(self) -> None:
+        while not self._closed:
+            try:
+                if self._lease.held:
+                    await self._lead_once()
+                else:
+                    await self._follow_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("leader_election_error", election=self.name)
+                self._step_down("error")
+                await asyncio.sleep(self.poll_interval)
+
+    async def _lead_once(self) -> None:
+        if not self._lease.valid:
+            self._step_down("lease_expired")  # no successful renewal within 0.8 * ttl
+            return
+        wait = min(self._lease.renew_at, self._lease.deadline) - self._clock()
+        if wait > 0:
+            await asyncio.sleep(wait)
+            return
+        await self._renew()
+
+    async def _renew(self) -> None:
+        async with self._lock:
+            if not self._lease.valid:
+                return  # resigned meanwhile, or lapsed: the next round steps down
+            assert self._kv is not None and self._lease.revision is not None
+            sent = self._clock()
+            try:
+                async with asyncio.timeout(min(self.op_timeout, self._lease.remaining())):
+                    revision = await self._kv.update(
+                        self.name, self._record.encode(), last=self._lease.revision
+                    )
+            except nats.js.errors.KeyWrongLastSequenceError:
+                self._written = None
+                self._step_down("renewal_conflict")
+                return
+            except _TRANSIENT as exc:
+                self._step_down("renewal_failed", error=f"{type(exc).__name__}: {exc}")
+                return
+            self._written = revision
+            if not self._lease.held:
+                return  # stepped down while the renewal was in flight; close/resign deletes
+            if not self._lease.grant(revision, sent, new_term=False):
+                self._step_down("lease_expired")
+
+    async def _follow_once(self) -> None:
+        if self._announced:
+            self._step_down("lease_expired")
+        now = self._clock()
+        if now < self._hold_off_until:
+            await self._wait_nudge(self._hold_off_until - now)
+            return
+        try:
+            await self._bucket()
+        except _TRANSIENT as exc:
+            log.debug("lease_bucket_unavailable", election=self.name, error=repr(exc))
+            await asyncio.sleep(self.poll_interval)
+            return
+        await self._ensure_watch()
+        if not await self._try_acquire():
+            await self._wait_nudge(self.poll_interval)
+
+    async def _wait_nudge(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._nudge.wait()
+        self._nudge.clear()
+
+    async def _try_acquire(self) -> bool:
+        """One attempt to become leader: create the key, or reclaim a lease we wrote."""
+        async with self._lock:
+            if self._closed:
+                return False
+            assert self._kv is not None
+            value = self._record.encode()
+            epoch = self._epoch
+            sent = self._clock()
+            reason = "acquired"
+            try:
+                async with asyncio.timeout(self.op_timeout):
+                    revision = await self._kv.create(self.name, value)
+            except nats.js.errors.KeyWrongLastSequenceError:
+                reclaimed = await self._reclaim(value)
+                if reclaimed is None:
+                    return False
+                revision, sent = reclaimed
+                reason = "reclaimed"
+            except _TRANSIENT as exc:
+                log.debug("lease_acquire_failed", election=self.name, error=repr(exc))
+                if isinstance(exc, nats.js.errors.NoStreamResponseError):
+                    self._kv = None  # the bucket is gone: re-create it next round
+                return False
+            self._written = revision
+            if epoch != self._epoch:
+                return False  # resign() or close() began meanwhile: they release this write
+            if not self._lease.grant(revision, sent, new_term=True):
+                self._nudge.set()  # acknowledged too late to act on: reclaim it next round
+                return False
+            self._became_leader(reason)
+            return True
+
+    async def _reclaim(self, value: bytes) -> tuple[int, float] | None:
+        """The key is held: if by this very object (a write whose answer was lost), renew it."""
+        assert self._kv is not None
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                entry = await self._kv.get(self.name)
+            record = _Record.decode(entry.value)
+            if record is None or record != self._record or entry.revision is None:
+                return None
+            sent = self._clock()
+            async with asyncio.timeout(self.op_timeout):
+                revision: int = await self._kv.update(self.name, value, last=entry.revision)
+        except nats.js.errors.KeyNotFoundError:
+            self._nudge.set()  # expired or deleted in between: try again at once
+            return None
+        except _TRANSIENT as exc:
+            log.debug("lease_reclaim_failed", election=self.name, error=repr(exc))
+            return None
+        return revision, sent
+
+    async def _release(self) -> None:
+        """Delete our lease key if it is still at the revision we wrote (call under the lock)."""
+        revision, self._written = self._written, None
+        if revision is None or self._kv is None:
+            return
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                await self._kv.delete(self.name, last=revision)
+            log.info("leader_lease_released", election=self.name, candidate=self.candidate_id)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code not in _ERR_WRONG_LAST_SEQUENCE:
+                log.warning("leader_release_failed", election=self.name, error=repr(exc))
+            # else: the lease had expired or moved on already
+        except _TRANSIENT as exc:
+            log.warning(
+                "leader_release_failed",
+                election=self.name,
+                error=f"{type(exc).__name__}: {exc}",
+                note="the lease expires by itself",
+            )
+
+    # ------------------------------------------------------------------------------- watch
+
+    async def _ensure_watch(self) -> None:
+        """Keep a KV watch on the key; re-create it after a reconnect (its consumer is gone)."""
+        reconnects = int(self._nc.stats["reconnects"])
+        task = self._watch_task
+        if task is not None and not task.done() and reconnects == self._watch_reconnects:
+            return
+        if task is not None:
+            await _stop_task(task)
+        self._watch_reconnects = reconnects
+        self._watch_task = asyncio.create_task(self._watch(), name=f"leader-watch-{self.name}")
+
+    async def _watch(self) -> None:
+        assert self._kv is not None
+        try:
+            async with asyncio.timeout(self.op_timeout):
+                watcher = await self._kv.watch(self.name)
+        except _TRANSIENT as exc:
+            log.debug("lease_watch_failed", election=self.name, error=repr(exc))
+            return
+        try:
+            while True:
+                entry = await watcher.__anext__()  # type: ignore[no-untyped-call]
+                if entry is not None and entry.operation in (KV_DEL, KV_PURGE):
+                    self._nudge.set()  # released: try to acquire now
+        except StopAsyncIteration:
+            pass
+        finally:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.op_timeout):
+                    await watcher.stop()  # type: ignore[no-untyped-call]
+
+    # -------------------------------------------------------------------------- transitions
+
+    def _became_leader(self, reason: str) -> None:
+        self._announced = True
+        self._follower_event.clear()
+        self._leader_event.set()
+        term = self._lease.term
+        assert term is not None
+        now = self._clock()
+        LEADER.labels(self.name, self.candidate_id).set(1)
+        TRANSITIONS.labels(self.name, self.candidate_id, "became_leader").inc()
+        log.info(
+            "leader_elected",
+            election=self.name,
+            candidate=self.candidate_id,
+            term=term,
+            reason=reason,
+            ttl=self.ttl,
+        )
+        self._emit(Transition("became_leader", self.name, self.candidate_id, term, reason, now))
+
+    def _step_down(self, reason: str, **details: str) -> None:
+        self._epoch += 1  # a write in flight now must not make this candidate leader
+        term = self._lease.drop()
+        if not self._announced:
+            return
+        self._announced = False
+        self._leader_event.clear()
+        self._follower_event.set()
+        LEADER.labels(self.name, self.candidate_id).set(0)
+        TRANSITIONS.labels(self.name, self.candidate_id, "lost_leadership").inc()
+        level = log.info if reason in ("resigned", "closed") else log.warning
+        level(
+            "leader_lost",
+            election=self.name,
+            candidate=self.candidate_id,
+            term=term,
+            reason=reason,
+            **details,
+        )
+        self._emit(
+            Transition(
+                "lost_leadership", self.name, self.candidate_id, term or 0, reason, self._clock()
+            )
+        )
+
+    def _emit(self, transition: Transition) -> None:
+        for queue in self._streams:
+            queue.put_nowait(transition)
+        if self._on_transition is not None:
+            self._callbacks.put_nowait(transition)
+
+    async def _dispatch(self) -> None:
+        """Call `on_transition` in order, outside the campaign loop (a slow callback must not
+        delay renewals)."""
+        while True:
+            transition = await self._callbacks.get()
+            try:
+                if self._on_transition is not None:
+                    await self._on_transition(transition)
+            except Exception:
+                log.exception("leader_transition_callback_failed", election=self.name)
+            finally:
+                self._callbacks.task_done()
+
+
+__all__ = [
+    "DEFAULT_TTL",
+    "LEADER",
+    "LEASES_KV",
+    "STEP_DOWN_AT",
+    "TRANSITIONS",
+    "LeaderElection",
+    "Lease",
+    "LeaseConfigError",
+    "Transition",
+    "TransitionStream",
+    "make_candidate_id",
+]
