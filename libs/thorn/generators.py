@@ -31,9 +31,12 @@ Addressing (every number is allocated from a counter, in document order)
       10.0.0.0/9: its ``a`` end (the lower tier: host, leaf, edge, agg) gets the even
       address, its ``b`` end (the upper tier) the odd one. Every port is in exactly one
       link, so every port has an address.
-    - Host ``h`` (0-based, in node order) has the red TEP ``10.224.0.0 + 2h + 1`` and the
-      blue TEP ``10.224.0.0 + 2h + 2``, /32s inside 10.224.0.0/11 (outside every link
-      network).
+    - Host ``h`` (0-based, in node order) has the red TEP ``10.224.0.0 + h`` (in
+      10.224.0.0/12) and the blue TEP ``10.240.0.0 + h`` (in 10.240.0.0/12): /32s outside
+      every link network. Hosts are numbered switch by switch, so the TEPs of one
+      attachment group form aligned blocks when the group size is a power of two (fat-tree
+      and leaf-spine with 2^n hosts per leaf): switches then route one prefix per group and
+      colour instead of one /32 per host.
     - Node ``n`` (0-based, in node order) has the management address
       ``172.16.0.0 + n + 1`` inside 172.16.0.0/12.
     - Port ``p`` (1-based, in creation order) has the MAC ``02:00:<p as 4 bytes>``
@@ -97,7 +100,8 @@ WORKLOAD_VF = "vf0"
 
 _LINK_BASE = int(IPv4Address("10.0.0.0"))  # 10.0.0.0/9
 _LINK_MAX = 1 << 22  # /31s in a /9
-_TEP_BASE = int(IPv4Address("10.224.0.0"))  # 10.224.0.0/11
+_TEP_BASE = int(IPv4Address("10.224.0.0"))  # 10.224.0.0/11: red in the lower /12
+_TEP_COLOUR_STRIDE = 1 << 20  # blue TEPs in the upper /12, 10.240.0.0/12
 _MGMT_BASE = int(IPv4Address("172.16.0.0"))  # 172.16.0.0/12
 _OVERLAY_BASE = int(IPv4Address("100.64.0.0"))  # 100.64.0.0/10
 
@@ -193,8 +197,8 @@ class _Builder:
         teps: list[tuple[str, Colour, int]] = []
         workloads: list[tuple[str, str, int]] = []
         for h, host in enumerate(self.hosts):
-            teps.append((host, Colour.red, _TEP_BASE + 2 * h + 1))
-            teps.append((host, Colour.blue, _TEP_BASE + 2 * h + 2))
+            teps.append((host, Colour.red, _TEP_BASE + h))
+            teps.append((host, Colour.blue, _TEP_BASE + _TEP_COLOUR_STRIDE + h))
             if self.with_workloads:
                 workloads.append((host, _mac(0x06, h + 1), _OVERLAY_BASE + h + 1))
         return teps, workloads

@@ -65,12 +65,19 @@ class FabricGraph:
     host_links: dict[int, Attachment] = field(default_factory=dict)
     host_alive: dict[int, bool] = field(default_factory=dict)
 
+    # Indexes over the structure (not the state): shared by graphs that differ in state only.
+    has_srlgs: bool = False
+    edge_of_link: dict[int, int] = field(default_factory=dict)
+    incident: list[list[int]] = field(default_factory=list)
+
     def __post_init__(self) -> None:
+        if self.edge_of_link or not self.edges:
+            return
         self.has_srlgs = any(e.srlgs for e in self.edges) or any(
             a.srlgs for a in self.host_links.values()
         )
         self.edge_of_link = {e.link_id: i for i, e in enumerate(self.edges)}
-        self.incident: list[list[int]] = [[] for _ in self.switches]
+        self.incident = [[] for _ in self.switches]
         for i, e in enumerate(self.edges):
             self.incident[e.u].append(i)
             self.incident[e.v].append(i)
@@ -218,6 +225,9 @@ class FabricGraph:
             excluded,
             self.host_links,
             host_alive,
+            self.has_srlgs,
+            self.edge_of_link,
+            self.incident,
         )
 
     def same_structure(self, other: FabricGraph) -> bool:

@@ -15,6 +15,7 @@ from thorn.fabric import Fabric
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group, SwitchId
 from thorn_pathcomp.stnumber import st_next_hops
 from thorn_pathcomp.trees import (
+    BOTH,
     HOST,
     INF,
     Colour,
@@ -28,9 +29,14 @@ from thorn_pathcomp.trees import (
 
 
 def repair(
-    graph: FabricGraph, trees: GroupTrees, lost: set[int], sources: set[SwitchId]
+    graph: FabricGraph,
+    trees: GroupTrees,
+    lost: set[int],
+    gained: set[int],
+    sources: set[SwitchId],
 ) -> tuple[GroupTrees, set[SwitchId]] | None:
-    """Re-choose only the next hops that took a lost link, when distances and colours stand.
+    """Re-choose only the next hops at the ends of lost or gained links, when distances and
+    colours stand.
 
     Gives exactly what `compute_group` would (tests compare them): own-colour choices are
     rendezvous-hashed, so only a switch that lost its chosen link changes its mind, and the
@@ -44,31 +50,37 @@ def repair(
     seed = group_seed(trees.group)
     adjacency, edges = graph.adjacency, graph.edges
     own_changed: set[SwitchId] = set()
-    # A next hop takes a link at its own switch: only the ends of lost links can change.
-    ends = sorted({end for i in lost for end in (edges[i].u, edges[i].v)})
+    # A next hop takes a link at its own switch: only the ends of changed links can change.
+    ends = sorted({end for i in lost | gained for end in (edges[i].u, edges[i].v)})
+    new_choice = {end for i in gained for end in (edges[i].u, edges[i].v)}
     for c in (Colour.red, Colour.blue):  # own colours first: the other colour avoids them
         hops = nexts[c]
         for v in ends:
             hop = hops[v]
-            if hop is not None and hop.edge in lost and colour[v] == c:
+            if hop is None or colour[v] != c or hop.switch == HOST:
+                continue
+            if hop.edge in lost or v in new_choice:
                 choice = own_choice(v, c, level, colour, adjacency, seed)
                 if choice is None:
                     return None
-                hops[v] = choice
-                own_changed.add(v)
+                if choice != hop:
+                    hops[v] = choice
+                    own_changed.add(v)
     missing: list[frozenset[SwitchId]] = []
     touched = set(own_changed)
     for c in (Colour.red, Colour.blue):
         hops, dist_c, srlg_c = nexts[c], dists[c], trees.srlgs[c]
         gone = set(trees.missing[c])
-        # The extension over switches without colour c must be redone when it lost a link
-        # or a distance it grew from moved.
-        redo = any(v in gone and getattr(hops[v], "edge", -1) in lost for v in ends)
+        # The extension over switches without colour c must be redone when it lost or gained
+        # a link, or a distance it grew from moved.
+        redo = any(
+            v in gone and (getattr(hops[v], "edge", -1) in lost or v in new_choice) for v in ends
+        )
         for v in ends:
             hop = hops[v]
             if v in gone or colour[v] == c or hop is None or hop.switch == HOST:
                 continue
-            if hop.edge in lost or v in own_changed:
+            if hop.edge in lost or v in own_changed or v in new_choice:
                 own = nexts[c.other][v]
                 choice = other_choice(
                     v, c, colour, dist_c, srlg_c, adjacency, edges, own, frozenset(), seed
@@ -303,7 +315,6 @@ class Plan:
             for i, (now, before) in enumerate(zip(graph.alive, self.graph.alive, strict=True))
             if now != before
         ]
-        only_losses = not any(graph.alive[i] for i in changed)
         sources = graph.sources
         flipped_sources = sources ^ self.sources
         groups = {g for g in graph.groups if g}
@@ -324,15 +335,16 @@ class Plan:
                 affected.add(group)
             elif "used" in reasons:
                 affected.add(group)
-                if only_losses and not graph.has_srlgs:
+                if not graph.has_srlgs:
                     repairable.add(group)
         new_trees = {g: self.trees[g] for g in groups - affected}
-        lost = set(changed)
+        lost = {i for i in changed if not graph.alive[i]}
+        gained = {i for i in changed if graph.alive[i]}
         repaired_at: dict[Group, set[SwitchId]] = {}
         for group in affected:
             result = None
             if group in repairable:
-                result = repair(graph, self.trees[group], lost, sources)
+                result = repair(graph, self.trees[group], lost, gained, sources)
             if result is not None:
                 new_trees[group], repaired_at[group] = result
             else:
@@ -369,12 +381,18 @@ class Plan:
             return "used" if group in self.users.get(edge, ()) else "none"
         if lu >= INF and lv >= INF:
             return "none"
+        if lu >= INF or lv >= INF or abs(lu - lv) >= 2:
+            return "structure"  # a shortcut: distances move
+        for c in (Colour.red, Colour.blue):
+            for end, other in ((e.u, e.v), (e.v, e.u)):
+                if end in trees.missing[c] and colour[other] in (c, BOTH):
+                    return "structure"  # a switch gains its first neighbour of a colour
         if lu != lv:
-            return "structure"  # a new shortcut or a new shortest-path neighbour
-        missing = trees.missing[0] | trees.missing[1]
-        if colour[e.u] != colour[e.v] or colour[e.u] < 0 or e.u in missing or e.v in missing:
-            return "structure"
-        return "none"
+            low, high = (e.u, e.v) if lu < lv else (e.v, e.u)
+            others = [w for w, i in graph.adjacency[high] if i != edge and level[w] == level[low]]
+            if colour[low] not in {colour[w] for w in others}:
+                return "structure"  # the farther end sees a new colour below: colours move
+        return "used"  # only the two ends may choose differently: re-choose there
 
     # --- pairs ------------------------------------------------------------------------------
 
@@ -417,6 +435,19 @@ class Plan:
         if best is None:
             return _Choice(None, frozenset(), frozenset(), frozenset(), (INF, INF), shortest)
         return best[1]
+
+    def egress(self, src: Group, dst: Group) -> tuple[SwitchId, SwitchId] | None:
+        """The switch each colour leaves a source group by, toward a destination group."""
+        return self._choice(src, dst).starts if src and dst in self.trees else None
+
+    def reachable(self, src: Group, dst: Group, colour: Colour) -> bool:
+        """Whether a host of `src` has a path of `colour` to `dst`."""
+        trees = self.trees.get(dst)
+        return trees is not None and any(trees.dist[colour][s] < INF for s in src)
+
+    def blue_only(self, src: Group, dst: Group) -> bool:
+        """Reachable by blue but not by red: the source must send blue."""
+        return self.reachable(src, dst, Colour.blue) and not self.reachable(src, dst, Colour.red)
 
     def pair(self, src: str, dst: str) -> PairPlan:
         """The red and blue routes between two hosts, with what they share."""

@@ -1,0 +1,104 @@
+"""Desired datapath state per node: what pathcomp writes to JetStream KV (one key per node) and
+what each node's programmer agent reconciles its kernel to.
+
+A switch gets one route per (destination attachment group, colour), aggregated to the TEP
+prefixes of that group's hosts, or a /32 where a host hangs off the switch itself. A host gets
+its TEPs, its egress per destination and colour, its local workloads (decap) and its peers
+(encap): the peer host's red and blue TEPs and which colour is active.
+
+`stage` orders updates across nodes for make-before-break: a route's stage is the switch's
+hop distance to the destination along the new tree, and a change at stage n is applied only
+after every change at stages below n, so a switch never points at a neighbour that has not
+yet learned the new route (updates run from the destination outward; no transient loop).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ColourName = Literal["red", "blue"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Route(_Doc):
+    prefix: str = Field(description="destination TEP prefix, e.g. 10.224.0.16/28")
+    colour: ColourName | None = Field(description="the colour it carries; null: both")
+    port: str = Field(description="this node's egress port")
+    neighbour: str = Field(description="the next node (a switch, or the destination host)")
+    via: str | None = Field(None, description="the neighbour's address on that link")
+    stage: int = Field(ge=0, description="apply after all lower stages (destination outward)")
+
+
+class LocalWorkload(_Doc):
+    """A workload on this host: decapsulated traffic for it goes to its VF."""
+
+    name: str
+    vni: int
+    vf: str
+    mac: str
+    ip: str
+
+
+class VniMember(_Doc):
+    """A workload of a VNI and the TEPs of the host it lives on: an encap rule's target."""
+
+    name: str
+    mac: str
+    ip: str
+    host: str
+    red: str | None
+    blue: str | None
+
+
+class SwitchState(_Doc):
+    kind: Literal["switch"] = "switch"
+    node: str
+    plan_revision: int
+    topology_revision: int
+    routes: list[Route]
+
+
+class HostState(_Doc):
+    """A host's state. Its peers are the members of its VNIs (see VniState); the active
+    colour toward a peer is red unless the peer host is listed in `blue_peers`."""
+
+    kind: Literal["host"] = "host"
+    node: str
+    plan_revision: int
+    topology_revision: int
+    teps: dict[ColourName, str]
+    routes: list[Route]
+    local: list[LocalWorkload]
+    vnis: list[int]
+    blue_peers: list[str]
+
+
+class VniState(_Doc):
+    """One chunk of a VNI's membership, shared by every host in the VNI (written once, not
+    copied into each host's state: a VNI spanning 8,192 GPUs would otherwise put 67 million
+    peer entries into the store)."""
+
+    kind: Literal["vni"] = "vni"
+    vni: int
+    chunk: int
+    chunks: int
+    topology_revision: int
+    members: list[VniMember]
+
+
+DesiredState = Annotated[SwitchState | HostState | VniState, Field(discriminator="kind")]
+
+VNI_CHUNK = 1000  # members per VniState: ~130 kB, well inside NATS's 1 MB message limit
+
+
+def node_key(node: str) -> str:
+    return f"node.{node}"
+
+
+def vni_key(vni: int, chunk: int) -> str:
+    return f"vni.{vni}.{chunk}"

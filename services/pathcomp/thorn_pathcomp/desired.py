@@ -1,0 +1,444 @@
+"""Desired state per node, built from a plan (pure: no I/O).
+
+`DesiredStates` keeps every node's document (see `thorn.desired` for the schema) for the
+current plan. On an incremental plan update, `advance` rebuilds only the switch routes of the
+recomputed groups and the hosts those can touch; `diff` then says which nodes changed, and in
+which make-before-break stage each must be written (destination outward, hosts last).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from thorn.desired import VNI_CHUNK, vni_key
+from thorn.fabric import Fabric
+from thorn_pathcomp.graph import Attachment, Group
+from thorn_pathcomp.plan import Plan
+from thorn_pathcomp.trees import HOST, Colour
+
+HOST_STAGE = 1_000  # hosts change their egress last, once every switch has its new routes
+COLOURS = (Colour.red, Colour.blue)
+NAMES = {Colour.red: "red", Colour.blue: "blue"}
+
+RouteKey = tuple[str, str | None]  # (prefix, colour)
+Route = dict[str, Any]
+
+
+def _host_prefix(address: str) -> str:
+    return f"{address}/{32 if '.' in address else 128}"
+
+
+def _default(address: str) -> str:
+    return "0.0.0.0/0" if "." in address else "::/0"
+
+
+@dataclass
+class NodeChange:
+    node: str
+    stage: int  # its first write comes after every change of a lower stage
+    added: int = 0
+    replaced: int = 0
+    removed: int = 0
+    stages: list[int] = field(default_factory=list)  # every stage it is written at
+
+
+REMOVAL_STAGE = HOST_STAGE + 1  # routes that go away go last
+
+
+@dataclass
+class _Topology:
+    """What the documents need from the fabric, indexed once per topology revision."""
+
+    address: dict[tuple[str, str], str]  # (node, port) -> interface address
+    tep: dict[tuple[str, str], str]  # (host, colour) -> TEP
+    defaults: list[str]  # default prefixes of the TEP address families in use
+    missing_red: bool  # some host has no red TEP: its peers must use blue
+    local: dict[str, list[dict[str, Any]]]  # host -> its workloads
+    members: dict[int, list[dict[str, Any]]]  # VNI -> workloads with their hosts' TEPs
+
+    @classmethod
+    def of(cls, fabric: Fabric) -> _Topology:
+        tep = {(t.node, t.colour.value): str(t.address) for t in fabric.teps.values()}
+        local: dict[str, list[dict[str, Any]]] = {}
+        members: dict[int, list[dict[str, Any]]] = {}
+        for w in sorted(fabric.workloads.values(), key=lambda w: w.name):
+            local.setdefault(w.node, []).append(
+                {"name": w.name, "vni": w.vni, "vf": w.vf, "mac": w.mac, "ip": str(w.ip)}
+            )
+            members.setdefault(w.vni, []).append(
+                {"name": w.name, "mac": w.mac, "ip": str(w.ip), "host": w.node,
+                 "red": tep.get((w.node, "red")), "blue": tep.get((w.node, "blue"))}
+            )  # fmt: skip
+        return cls(
+            address={k: str(p.address.ip) for k, p in fabric.ports.items() if p.address},
+            tep=tep,
+            defaults=sorted({_default(a) for a in tep.values()}),
+            missing_red=any((node, "red") not in tep for node, _ in tep),
+            local=local,
+            members=members,
+        )
+
+
+@dataclass
+class DesiredStates:
+    topology: _Topology
+    plan: Plan
+    revision: int
+    prefixes: dict[tuple[Group, Colour], list[str]] = field(default_factory=dict)
+    switch_routes: dict[str, dict[RouteKey, Route]] = field(default_factory=dict)
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    changes: dict[str, NodeChange] = field(default_factory=dict)  # hosts, since the last states
+    # Switch routes as they were before `advance`: (switch -> key -> route or None if absent).
+    previous: dict[str, dict[RouteKey, Route | None]] = field(default_factory=dict)
+    _gaps: dict[Group, set[Group]] = field(default_factory=dict)
+    _written: set[tuple[str, RouteKey]] = field(default_factory=set)
+
+    @classmethod
+    def build(cls, fabric: Fabric, plan: Plan, revision: int) -> DesiredStates:
+        states = cls(_Topology.of(fabric), plan, revision)
+        states._group_prefixes()
+        states.switch_routes = {s: {} for s in plan.graph.switches}
+        for group in plan.trees:
+            states._add_group(group)
+        for host in sorted(plan.graph.attachments):
+            states.hosts[host] = states._host(host)
+        states.changes = {}
+        return states
+
+    # --- switches ---------------------------------------------------------------------------
+
+    def _group_prefixes(self) -> None:
+        """Each group's TEPs per colour, collapsed to as few prefixes as they allow."""
+        tep = self.topology.tep
+        for group, hosts in self.plan.graph.groups.items():
+            for colour in COLOURS:
+                addresses = [
+                    ipaddress.ip_address(tep[(h, NAMES[colour])])
+                    for h in hosts
+                    if (h, NAMES[colour]) in tep
+                ]
+                v4 = [ipaddress.IPv4Network(a) for a in addresses if a.version == 4]
+                v6 = [ipaddress.IPv6Network(a) for a in addresses if a.version == 6]
+                self.prefixes[(group, colour)] = [
+                    *(str(n) for n in ipaddress.collapse_addresses(v4)),
+                    *(str(n) for n in ipaddress.collapse_addresses(v6)),
+                ]
+
+    def _add_group(self, group: Group, only: set[int] | None = None) -> None:
+        """Switches' routes toward `group`'s TEP prefixes, per colour (all, or `only` these)."""
+        graph, trees, topo = self.plan.graph, self.plan.trees[group], self.topology
+        hosts = graph.groups.get(group, [])
+        for colour in COLOURS:
+            name = NAMES[colour]
+            prefixes = self.prefixes.get((group, colour), [])
+            for v in range(len(graph.switches)) if only is None else sorted(only):
+                hop = trees.next[colour][v]
+                if hop is None:
+                    continue
+                switch = graph.switches[v]
+                table = self.switch_routes[switch]
+                stage = trees.dist[colour][v]
+                if hop.switch == HOST:  # the destination hangs off this switch: a /32 each
+                    for host in hosts:
+                        address = topo.tep.get((host, name))
+                        a = _attachment_at(graph.attachments[host], v)
+                        if address is None or a is None:
+                            continue
+                        prefix = _host_prefix(address)
+                        self._put(switch, table, (prefix, name), {
+                            "prefix": prefix, "colour": name, "port": a.switch_port,
+                            "neighbour": host, "via": topo.address.get((host, a.host_port)),
+                            "stage": stage,
+                        })  # fmt: skip
+                    continue
+                edge = graph.edges[hop.edge]
+                neighbour = graph.switches[hop.switch]
+                base = {
+                    "colour": name,
+                    "port": edge.port_at(v),
+                    "neighbour": neighbour,
+                    "via": topo.address.get((neighbour, edge.port_at(hop.switch))),
+                    "stage": stage,
+                }
+                for prefix in prefixes:
+                    self._put(switch, table, (prefix, name), {"prefix": prefix, **base})
+
+    def _put(self, switch: str, table: dict[RouteKey, Route], key: RouteKey, route: Route) -> None:
+        self._written.add((switch, key))
+        before = table.get(key)
+        if before == route:
+            return
+        self.previous.setdefault(switch, {}).setdefault(key, before)
+        table[key] = route
+
+    def _redo_at(self, group: Group, plan: Plan, switches: set[int]) -> None:
+        """Rebuild `group`'s routes at some switches, recording only real changes."""
+        self._written = set()
+        self._add_group(group, switches)
+        self._drop(group, plan, switches, keep=self._written)
+
+    def _group_keys(self, group: Group, plan: Plan) -> set[RouteKey]:
+        """The route keys `group` has in these states' tables (prefixes and host /32s)."""
+        keys: set[RouteKey] = {
+            (p, NAMES[c]) for c in COLOURS for p in self.prefixes.get((group, c), [])
+        }
+        for host in plan.graph.groups.get(group, []):
+            for c in COLOURS:
+                address = self.topology.tep.get((host, NAMES[c]))
+                if address:
+                    keys.add((_host_prefix(address), NAMES[c]))
+        return keys
+
+    def _drop(
+        self,
+        group: Group,
+        plan: Plan,
+        only: set[int] | None = None,
+        keep: set[tuple[str, RouteKey]] | None = None,
+    ) -> None:
+        """Remove `group`'s routes (everywhere, or at `only` these switches), but `keep`."""
+        self._drop_keys(self._group_keys(group, plan), only, keep)
+
+    def _drop_keys(
+        self,
+        keys: set[RouteKey],
+        only: set[int] | None = None,
+        keep: set[tuple[str, RouteKey]] | None = None,
+    ) -> None:
+        switches = self.plan.graph.switches
+        for switch in switches if only is None else [switches[v] for v in only]:
+            table = self.switch_routes[switch]
+            for key in keys:
+                if keep is not None and (switch, key) in keep:
+                    continue
+                before = table.pop(key, None)
+                if before is not None:
+                    self.previous.setdefault(switch, {}).setdefault(key, before)
+
+    # --- hosts ------------------------------------------------------------------------------
+
+    def _host(self, host: str) -> dict[str, Any]:
+        graph, topo = self.plan.graph, self.topology
+        attachments = graph.attachments.get(host, [])
+        source = graph.group_of(host)
+        routes: list[Route] = []
+        if len({a.host_port for a in attachments}) == 1:
+            # Single-homed: both colours leave by the one port; the switch tells them apart.
+            a = attachments[0]
+            switch = graph.switches[a.switch]
+            for prefix in topo.defaults:
+                routes.append({
+                    "prefix": prefix, "colour": None, "port": a.host_port, "neighbour": switch,
+                    "via": topo.address.get((switch, a.switch_port)), "stage": HOST_STAGE,
+                })  # fmt: skip
+        elif attachments:
+            for group in self.plan.trees:
+                starts = self.plan.egress(source, group)
+                if starts is None:
+                    continue
+                for colour, start in zip(COLOURS, starts, strict=True):
+                    at = _attachment_at(attachments, start)
+                    if at is None:
+                        continue
+                    switch = graph.switches[at.switch]
+                    for prefix in self.prefixes.get((group, colour), []):
+                        routes.append({
+                            "prefix": prefix, "colour": NAMES[colour], "port": at.host_port,
+                            "neighbour": switch, "stage": HOST_STAGE,
+                            "via": topo.address.get((switch, at.switch_port)),
+                        })  # fmt: skip
+        local = topo.local.get(host, [])
+        vnis = sorted({w["vni"] for w in local})
+        gaps = self._red_gaps(source)
+        blue_peers: list[str] = []
+        if gaps or topo.missing_red:  # rare: scan this host's peers for ones red cannot reach
+            blue_peers = sorted({
+                m["host"] for vni in vnis for m in topo.members.get(vni, [])
+                if m["host"] != host and (m["red"] is None or graph.group_of(m["host"]) in gaps)
+            })  # fmt: skip
+        return {
+            "kind": "host",
+            "node": host,
+            "teps": {c: topo.tep[(host, c)] for c in ("red", "blue") if (host, c) in topo.tep},
+            "routes": sorted(routes, key=lambda r: (r["prefix"], r["colour"] or "")),
+            "local": local,
+            "vnis": vnis,
+            "blue_peers": blue_peers,
+        }
+
+    def _red_gaps(self, source: Group) -> set[Group]:
+        """Destination groups only blue reaches from `source` (usually none)."""
+        if source not in self._gaps:
+            self._gaps[source] = {
+                g for g in self.plan.graph.groups if self.plan.blue_only(source, g)
+            }
+        return self._gaps[source]
+
+    # --- documents --------------------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        return sorted([*self.switch_routes, *self.hosts])
+
+    def document(self, node: str) -> bytes:
+        header = {
+            "node": node,
+            "plan_revision": self.revision,
+            "topology_revision": self.plan.topology_revision,
+        }
+        if node in self.switch_routes:
+            routes = sorted(
+                self.switch_routes[node].values(), key=lambda r: (r["prefix"], r["colour"] or "")
+            )
+            return orjson.dumps({"kind": "switch", **header, "routes": routes})
+        return orjson.dumps({**self.hosts[node], **header})
+
+    def document_at(self, node: str, stage: int) -> bytes:
+        """A switch's document with only the route changes of stages up to `stage` applied:
+        what to write at that stage of a make-before-break update."""
+        previous = self.previous.get(node)
+        if node not in self.switch_routes or not previous:
+            return self.document(node)
+        table = dict(self.switch_routes[node])
+        for key, before in previous.items():
+            now = table.get(key)
+            if (now["stage"] if now is not None else REMOVAL_STAGE) > stage:
+                if before is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = before
+        routes = sorted(table.values(), key=lambda r: (r["prefix"], r["colour"] or ""))
+        return orjson.dumps({
+            "kind": "switch", "node": node, "plan_revision": self.revision,
+            "topology_revision": self.plan.topology_revision, "routes": routes,
+        })  # fmt: skip
+
+    def vni_documents(self) -> dict[str, bytes]:
+        """Every VNI's membership, chunked: KV key -> document (depends on topology only)."""
+        out: dict[str, bytes] = {}
+        for vni, members in sorted(self.topology.members.items()):
+            chunks = max(1, -(-len(members) // VNI_CHUNK))
+            for i in range(chunks):
+                out[vni_key(vni, i)] = orjson.dumps({
+                    "kind": "vni", "vni": vni, "chunk": i, "chunks": chunks,
+                    "topology_revision": self.plan.topology_revision,
+                    "members": members[i * VNI_CHUNK : (i + 1) * VNI_CHUNK],
+                })  # fmt: skip
+        return out
+
+    # --- incremental ------------------------------------------------------------------------
+
+    def advance(
+        self, plan: Plan, recomputed: frozenset[Group], dropped: frozenset[Group], revision: int
+    ) -> DesiredStates:
+        """The states for `plan` (same topology), rebuilding only what the update touched.
+
+        The route tables move to the new states (this one must not be used afterwards);
+        `changes` of the new states lists what moved, for `diff`.
+        """
+        new = DesiredStates(self.topology, plan, revision)
+        old_groups, new_groups = self.plan.graph.groups, plan.graph.groups
+        # Groups whose hosts changed (a host link failed or came back): new TEP prefixes.
+        regrouped = {g for g in old_groups.keys() | new_groups.keys()
+                     if old_groups.get(g) != new_groups.get(g)}  # fmt: skip
+        if regrouped:
+            new._group_prefixes()
+        else:
+            new.prefixes = self.prefixes
+        new.switch_routes, self.switch_routes = self.switch_routes, {}
+        # Write the changed groups' new routes, then drop the old keys nobody wrote again:
+        # a route that comes out the same (a host moved between groups) is no change.
+        new._written = set()
+        for group in regrouped:
+            if group in plan.trees:
+                new._add_group(group)
+        for group in dropped | regrouped:
+            new._drop_keys(self._group_keys(group, self.plan), keep=new._written)
+        for group in recomputed - regrouped:
+            old = self.plan.trees.get(group)
+            if old is None:
+                new._add_group(group)
+                continue
+            # Only switches whose next hop or distance moved get new routes.
+            trees = plan.trees[group]
+            moved = {
+                v
+                for c in COLOURS
+                for v, (a, b) in enumerate(zip(old.next[c], trees.next[c], strict=True))
+                if (a is not b and a != b) or old.dist[c][v] != trees.dist[c][v]
+            }
+            if moved:
+                new._redo_at(group, self.plan, moved)
+        new.hosts = {h: d for h, d in self.hosts.items() if h in plan.graph.attachments}
+        redo = self._touched(plan, recomputed, regrouped)
+        redo |= {h for g in regrouped for h in new_groups.get(g, [])}
+        for host in redo & set(plan.graph.attachments):
+            document = new._host(host)
+            if new.hosts.get(host) != document:
+                new.hosts[host] = document
+                new.changes[host] = NodeChange(host, HOST_STAGE)
+        return new
+
+    def _touched(self, plan: Plan, recomputed: frozenset[Group], regrouped: set[Group]) -> set[str]:
+        """Hosts whose document a plan change can alter: multi-homed hosts (their egress per
+        destination follows the trees) and hosts for which a recomputed destination became,
+        or stopped being, reachable by blue only (the colour they use toward its hosts)."""
+        graph = plan.graph
+        hosts = {h for h, a in graph.attachments.items() if len({x.host_port for x in a}) > 1}
+        for destination in recomputed | regrouped:
+            for source, members in graph.groups.items():
+                before = self.plan.blue_only(source, destination)
+                after = plan.blue_only(source, destination)
+                # A flip changes the colour; a blue-only group that changed hosts, the list.
+                if before != after or (destination in regrouped and after):
+                    hosts.update(members)
+        return hosts
+
+
+def _attachment_at(attachments: list[Attachment], switch: int) -> Attachment | None:
+    return next((a for a in attachments if a.switch == switch), None)
+
+
+def diff(old: DesiredStates | None, new: DesiredStates) -> list[NodeChange]:
+    """Nodes whose document changed, by the stage of their first write, then by name.
+
+    A switch route's change belongs to the stage of its new route (its distance to the
+    destination along the new tree); a removal goes last; hosts come after every switch.
+    Write stage by stage with `new.document_at(node, stage)`: a switch never points at a
+    neighbour that has not learned the new route yet (destination outward, no loops).
+    Without `old`: every node, all at stage 0 (a first programming has no traffic to loop).
+    """
+    if old is None:
+        return [NodeChange(n, 0, stages=[0]) for n in new.nodes()]
+    changes: list[NodeChange] = []
+    for node, previous in new.previous.items():
+        table = new.switch_routes[node]
+        change = NodeChange(node, REMOVAL_STAGE)
+        stages: set[int] = set()
+        for key, before in previous.items():
+            now = table.get(key)
+            if now == before:
+                continue
+            if now is None:
+                change.removed += 1
+                stages.add(REMOVAL_STAGE)
+            else:
+                stages.add(now["stage"])
+                if before is None:
+                    change.added += 1
+                else:
+                    change.replaced += 1
+        if stages:
+            change.stages = sorted(stages)
+            change.stage = change.stages[0]
+            changes.append(change)
+    for change in new.changes.values():
+        change.stages = [change.stage]
+        changes.append(change)
+    return sorted(changes, key=lambda c: (c.stage, c.node))
+
+
+__all__ = ["HOST_STAGE", "REMOVAL_STAGE", "DesiredStates", "NodeChange", "diff"]
