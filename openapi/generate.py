@@ -19,8 +19,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from thorn.config import Settings
-from thorn.events import HEALTH_LINK_ALL, PATHS_CHANGED, TOPOLOGY_CHANGED
+from thorn.events import PATHS_CHANGED, TOPOLOGY_CHANGED
 from thorn.shell import shell_app
+from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app as topology_app
 
 DOCUMENT = Path(__file__).with_name("openapi.json")
@@ -30,7 +31,7 @@ def service_apps(settings: Settings) -> list[FastAPI]:
     return [
         topology_app(settings),
         shell_app("health", settings, [TOPOLOGY_CHANGED]),
-        shell_app("pathcomp", settings, [TOPOLOGY_CHANGED, HEALTH_LINK_ALL]),
+        pathcomp_app(settings),
         shell_app("programmer", settings, [PATHS_CHANGED]),
     ]
 

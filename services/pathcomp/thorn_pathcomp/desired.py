@@ -382,6 +382,24 @@ class DesiredStates:
                 new.changes[host] = NodeChange(host, HOST_STAGE)
         return new
 
+    def compare_with(self, old: DesiredStates) -> None:
+        """Record what differs from `old` (built independently, e.g. before a full replan),
+        so that `diff` and `document_at` stage the move from it."""
+        self.previous = {}
+        for switch, table in self.switch_routes.items():
+            before = old.switch_routes.get(switch, {})
+            moved: dict[RouteKey, Route | None] = {
+                key: before.get(key) for key, route in table.items() if before.get(key) != route
+            }
+            moved.update({key: route for key, route in before.items() if key not in table})
+            if moved:
+                self.previous[switch] = moved
+        self.changes = {
+            host: NodeChange(host, HOST_STAGE)
+            for host, document in self.hosts.items()
+            if old.hosts.get(host) != document
+        }
+
     def _touched(self, plan: Plan, recomputed: frozenset[Group], regrouped: set[Group]) -> set[str]:
         """Hosts whose document a plan change can alter: multi-homed hosts (their egress per
         destination follows the trees) and hosts for which a recomputed destination became,

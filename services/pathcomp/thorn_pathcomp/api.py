@@ -1,0 +1,136 @@
+"""REST routes of the pathcomp service, under /api/v1: pair paths and the plan's state."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel
+
+from thorn.auth import Admin, Viewer
+from thorn.fabric import NotFound
+from thorn.web import ERROR_RESPONSES, FieldError
+from thorn_pathcomp.plan import UnknownHost
+from thorn_pathcomp.service import PathService
+
+
+def get_service(request: Request) -> PathService:
+    service: PathService = request.app.state.pathcomp
+    return service
+
+
+Service = Annotated[PathService, Depends(get_service)]
+router = APIRouter(prefix="/api/v1", tags=["paths"], responses=ERROR_RESPONSES)
+
+
+class RouteOut(BaseModel):
+    nodes: list[str]
+    links: list[int]
+    hops: int
+
+
+class RisksOut(BaseModel):
+    links: list[int]
+    switches: list[str]
+    srlgs: list[str]
+
+
+class PathsOut(BaseModel):
+    src: str
+    dst: str
+    plan_revision: int
+    status: str  # "protected", "degraded" (shares a switch or SRLG), "unprotected", "unreachable"
+    red: RouteOut | None
+    blue: RouteOut | None
+    shortest: int | None
+    shared: RisksOut
+    egress: dict[str, str | None]
+
+
+class StretchOut(BaseModel):
+    max: int
+    mean: float
+
+
+class PlanOut(BaseModel):
+    revision: int
+    topology_revision: int
+    kind: str
+    compute_seconds: float
+    recomputed_groups: int
+    published_nodes: int
+    hosts: int
+    groups: int
+    pairs: int
+    unprotected_pairs: int
+    pairs_sharing_host_links: int
+    pairs_sharing_switches: int
+    pairs_sharing_srlgs: int
+    unreachable_pairs: int
+    stretch: dict[str, StretchOut]
+
+
+def _plan_out(service: PathService) -> PlanOut:
+    if service.plan is None or service.status is None:
+        raise FieldError(409, ["plan"], "no plan yet: the topology has not been planned", "busy")
+    s, st = service.plan.summary, service.status
+    return PlanOut(
+        revision=st.revision, topology_revision=st.topology_revision, kind=st.kind,
+        compute_seconds=st.compute_seconds, recomputed_groups=st.recomputed_groups,
+        published_nodes=st.published_nodes, hosts=s.hosts, groups=s.groups, pairs=s.pairs,
+        unprotected_pairs=s.unprotected_pairs, pairs_sharing_host_links=s.pairs_sharing_host_links,
+        pairs_sharing_switches=s.pairs_sharing_switches, pairs_sharing_srlgs=s.pairs_sharing_srlgs,
+        unreachable_pairs=s.unreachable_pairs,
+        stretch={k: StretchOut(max=v.max, mean=v.mean) for k, v in s.stretch.items()},
+    )  # fmt: skip
+
+
+@router.get("/paths", response_model=PathsOut, summary="The red and blue paths between two hosts")
+async def paths(
+    _: Viewer,
+    service: Service,
+    src: Annotated[str, Query(min_length=1, description="source host")],
+    dst: Annotated[str, Query(min_length=1, description="destination host")],
+) -> PathsOut:
+    plan = service.plan
+    if plan is None or service.status is None:
+        raise FieldError(409, ["plan"], "no plan yet: the topology has not been planned", "busy")
+    if src == dst:
+        raise FieldError(422, ["query", "dst"], "source and destination are the same host", "value")
+    try:
+        pair = plan.pair(src, dst)
+    except UnknownHost as exc:
+        raise NotFound(f"host '{exc.args[0]}' not found in the planned topology") from exc
+    if pair.red is None or pair.blue is None:
+        status = "unreachable"
+    elif pair.shared.links:
+        status = "unprotected"
+    elif pair.shared:
+        status = "degraded"
+    else:
+        status = "protected"
+
+    def route(r: object) -> RouteOut | None:
+        if r is None:
+            return None
+        nodes, links = r.nodes, r.links  # type: ignore[attr-defined]
+        return RouteOut(nodes=list(nodes), links=list(links), hops=len(links))
+
+    return PathsOut(
+        src=src, dst=dst, plan_revision=service.status.revision, status=status,
+        red=route(pair.red), blue=route(pair.blue), shortest=pair.shortest,
+        shared=RisksOut(links=list(pair.shared.links), switches=list(pair.shared.switches),
+                        srlgs=list(pair.shared.srlgs)),
+        egress={"red": pair.egress[0], "blue": pair.egress[1]},
+    )  # fmt: skip
+
+
+@router.get("/plan", response_model=PlanOut, summary="The plan's revision, timings and risks")
+async def plan(_: Viewer, service: Service) -> PlanOut:
+    return _plan_out(service)
+
+
+@router.post("/plan/recompute", response_model=PlanOut, summary="Recompute the whole plan")
+async def recompute(principal: Admin, service: Service) -> PlanOut:
+    await service.recompute(f"requested by {principal.name}")
+    return _plan_out(service)

@@ -1,0 +1,73 @@
+"""The pathcomp service's app factory: follows topology and health, plans, publishes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import structlog
+from fastapi import FastAPI
+
+from thorn.bus import Bus
+from thorn.config import Settings
+from thorn.events import HEALTH_LINK_ALL, TOPOLOGY_CHANGED, LinkHealthChanged, TopologyChanged
+from thorn.leader import LeaderElection
+from thorn.store import Store
+from thorn.telemetry import instrument
+from thorn.web import BodyLimit, install_error_handlers
+from thorn_pathcomp.api import router
+from thorn_pathcomp.service import PathService
+
+log = structlog.get_logger("thorn.pathcomp")
+
+
+def create_app(
+    settings: Settings,
+    *,
+    store: Store | None = None,
+    bus: Bus | None = None,
+    lease_seconds: float = 3.0,
+) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            the_store = store
+            if the_store is None:
+                the_store = await Store.open(settings.db_url)
+                stack.push_async_callback(the_store.close)
+            the_bus = bus
+            if the_bus is None:
+                the_bus = await Bus.connect(settings.nats_url, name="thorn-pathcomp")
+                stack.push_async_callback(the_bus.close)
+                await the_bus.ensure_streams()
+            kv = await the_bus.desired_state()
+            election = LeaderElection(the_bus, "pathcomp", ttl=lease_seconds)
+            await election.start()
+            stack.push_async_callback(election.close)
+            service = PathService(the_store, kv, the_bus, lambda: election.is_leader)
+            app.state.pathcomp = service
+            app.state.token_lookup = the_store.token_by_hash
+            await service.recompute("start")
+
+            async def topology(event: TopologyChanged) -> None:
+                await service.on_topology(event)
+
+            async def health(event: LinkHealthChanged) -> None:
+                await service.on_link_health(event)
+
+            await the_bus.subscribe(TOPOLOGY_CHANGED, topology, model=TopologyChanged)
+            await the_bus.subscribe(HEALTH_LINK_ALL, health, model=LinkHealthChanged)
+            log.info("pathcomp_ready", candidate=election.candidate_id)
+            yield
+
+    app = FastAPI(
+        title="THORN pathcomp",
+        version="0.1.0",
+        description="Disjoint red/blue paths for every host pair, and desired state per node.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    instrument(app, "pathcomp")
+    app.include_router(router)
+    app.add_middleware(BodyLimit, default=settings.max_body_bytes, large={})
+    return app

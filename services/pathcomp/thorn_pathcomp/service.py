@@ -1,0 +1,197 @@
+"""The pathcomp service's shell around the pure planner: follow events, keep the last good
+plan, and (as the elected leader) write desired state to JetStream KV stage by stage.
+
+Every replica computes plans so that any of them answers the REST API; only the leader
+writes desired state and publishes `paths.changed`. A new plan replaces the served one only
+when it is complete: readers always see the last good plan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+
+from thorn.desired import node_key
+from thorn.events import LinkHealthChanged, PathsChanged, TopologyChanged, utcnow
+from thorn.fabric import Fabric
+from thorn.store import Store
+from thorn_pathcomp.desired import DesiredStates, diff
+from thorn_pathcomp.plan import Plan, PlanUpdate
+
+log = structlog.get_logger("thorn.pathcomp")
+
+PLAN_SECONDS = Histogram(
+    "thorn_pathcomp_plan_seconds",
+    "Time to compute a plan",
+    ["kind"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PLAN_REVISION = Gauge("thorn_pathcomp_plan_revision", "Plan revision this replica serves")
+UNPROTECTED = Gauge("thorn_pathcomp_unprotected_pairs", "Host pairs without a disjoint backup")
+KV_WRITES = Counter("thorn_pathcomp_kv_writes_total", "Desired-state documents written")
+
+# Health states in which a link carries no traffic for path computation.
+OUT_OF_SERVICE = {"down", "flapping", "drained"}
+
+
+class KeyValue(Protocol):
+    async def put(self, node: str, value: bytes) -> int: ...
+
+
+class Publisher(Protocol):
+    async def publish(self, event: PathsChanged, *, msg_id: str | None = None) -> int | None: ...
+
+
+@dataclass
+class PlanStatus:
+    revision: int
+    topology_revision: int
+    compute_seconds: float
+    kind: str  # "full" or "incremental"
+    recomputed_groups: int
+    published_nodes: int
+
+
+class PathService:
+    def __init__(
+        self,
+        store: Store,
+        kv: KeyValue | None,
+        bus: Publisher | None,
+        is_leader: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.store = store
+        self.kv = kv
+        self.bus = bus
+        self.is_leader = is_leader
+        self.fabric: Fabric | None = None
+        self.plan: Plan | None = None
+        self.states: DesiredStates | None = None
+        self.status: PlanStatus | None = None
+        self.revision = 0
+        self.link_states: dict[int, bool] = {}  # health's view, on top of admin states
+        self._lock = asyncio.Lock()
+
+    # --- computing --------------------------------------------------------------------------
+
+    async def recompute(self, reason: str) -> PlanStatus:
+        """A full plan from the store's current topology (start, admin request, big changes)."""
+        async with self._lock:
+            fabric = await self.store.load()
+            start = time.perf_counter()
+            plan = await asyncio.to_thread(Plan.compute, fabric)
+            if self.link_states:
+                known = {k: v for k, v in self.link_states.items() if k in fabric.links}
+                plan, _ = plan.update_links(known, fabric.revision)
+                plan.summary = plan.summarise()
+            seconds = time.perf_counter() - start
+            PLAN_SECONDS.labels("full").observe(seconds)
+            states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
+            return await self._adopt(fabric, plan, states, None, seconds, "full", reason, vnis=True)
+
+    async def on_topology(self, event: TopologyChanged) -> None:
+        if self.fabric is not None and event.revision <= self.fabric.revision:
+            return  # already planned at this revision or later
+        await self.recompute(f"topology revision {event.revision}")
+
+    async def on_link_health(self, event: LinkHealthChanged) -> None:
+        up = event.state not in OUT_OF_SERVICE
+        if self.link_states.get(event.link_id) == up:
+            return
+        self.link_states[event.link_id] = up
+        async with self._lock:
+            if self.plan is None or self.states is None or self.fabric is None:
+                return
+            if event.link_id not in self.fabric.links:
+                return
+            admin_up = self.fabric.links[event.link_id].admin_state.value == "up"
+            start = time.perf_counter()
+            plan, update = self.plan.update_links(
+                {event.link_id: up and admin_up}, self.fabric.revision
+            )
+            seconds = time.perf_counter() - start
+            PLAN_SECONDS.labels("incremental").observe(seconds)
+            states = self.states.advance(plan, update.recomputed, update.dropped, self.revision + 1)
+            await self._adopt(
+                self.fabric,
+                plan,
+                states,
+                update,
+                seconds,
+                "incremental",
+                f"link {event.link_id} {event.state}",
+                vnis=False,
+            )
+            # Risks and stretch for GET /plan, off the critical path.
+            plan.summary = await asyncio.to_thread(plan.summarise)
+            UNPROTECTED.set(plan.summary.unprotected_pairs)
+
+    async def _adopt(
+        self,
+        fabric: Fabric,
+        plan: Plan,
+        states: DesiredStates,
+        update: PlanUpdate | None,
+        seconds: float,
+        kind: str,
+        reason: str,
+        *,
+        vnis: bool,
+    ) -> PlanStatus:
+        old = self.states
+        if old is not None and update is None:
+            states.compare_with(old)  # a full replan still moves destination outward
+        changes = diff(old, states)
+        published = 0
+        if self.is_leader() and self.kv is not None:
+            if vnis:
+                for key, document in states.vni_documents().items():
+                    await self.kv.put(key, document)
+            for stage in sorted({s for c in changes for s in c.stages}):
+                # Destination outward: a stage is written only after the lower ones.
+                for change in changes:
+                    if stage in change.stages:
+                        await self.kv.put(
+                            node_key(change.node), states.document_at(change.node, stage)
+                        )
+                        published += 1
+            KV_WRITES.inc(published)
+        self.revision += 1
+        self.fabric, self.plan, self.states = fabric, plan, states
+        gc.collect()
+        gc.freeze()  # the plan is long-lived: keep it out of every later full collection
+        self.status = PlanStatus(
+            self.revision,
+            fabric.revision,
+            seconds,
+            kind,
+            len(update.recomputed) if update else len(plan.trees),
+            published,
+        )
+        PLAN_REVISION.set(self.revision)
+        UNPROTECTED.set(plan.summary.unprotected_pairs)
+        log.info(
+            "plan_adopted",
+            revision=self.revision,
+            topology_revision=fabric.revision,
+            kind=kind,
+            reason=reason,
+            seconds=round(seconds, 4),
+            published=published,
+        )
+        if self.is_leader() and self.bus is not None:
+            event = PathsChanged(
+                revision=self.revision, topology_revision=fabric.revision, at=utcnow()
+            )
+            try:
+                await self.bus.publish(event)
+            except Exception as exc:  # the documents are written; agents watch the KV
+                log.error("paths_changed_not_published", error=str(exc))
+        return self.status

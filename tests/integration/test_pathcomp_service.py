@@ -1,0 +1,168 @@
+"""The pathcomp service over a real store and real NATS: it plans at start, serves paths,
+writes desired state to JetStream KV, follows health and topology events, and hands the
+writer role to another replica when its leader goes away."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AsyncExitStack
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest_asyncio
+from fastapi import FastAPI
+from pydantic import TypeAdapter
+
+from thorn.auth import hash_token
+from thorn.bus import Bus
+from thorn.config import Settings
+from thorn.desired import DesiredState, HostState, SwitchState, node_key
+from thorn.events import PATHS_CHANGED, Event, LinkHealthChanged, PathsChanged
+from thorn.fabric import Fabric
+from thorn.generators import leaf_spine
+from thorn.model import TokenRole
+from thorn.store import Store
+from thorn_pathcomp.app import create_app
+from thorn_pathcomp.service import PathService
+
+ADMIN, VIEWER = "thn_pc-admin", "thn_pc-viewer"
+WAIT = 10.0
+STATE = TypeAdapter(DesiredState)
+
+
+async def until(check: Callable[[], Any], what: str) -> None:
+    for _ in range(int(WAIT / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def replica(stack: AsyncExitStack, store: Store, bus: Bus, tmp: Path) -> FastAPI:
+    app = create_app(
+        Settings(data_dir=tmp, nats_url="unused"), store=store, bus=bus, lease_seconds=1.0
+    )
+    await stack.enter_async_context(app.router.lifespan_context(app))
+    return app
+
+
+@pytest_asyncio.fixture
+async def fabric_store(store: Store) -> Store:
+    fabric = Fabric.from_document(leaf_spine(2, 2, 2, dual_homed=True))
+    await store.replace(fabric, expected_revision=0, actor="test", detail={})
+    await store.put_token("admin", TokenRole.admin, hash_token(ADMIN), "test")
+    await store.put_token("viewer", TokenRole.viewer, hash_token(VIEWER), "test")
+    return store
+
+
+@pytest_asyncio.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    async with await Bus.connect(nats_url, name="test-pathcomp") as connected:
+        await connected.ensure_streams()
+        kv = await connected.desired_state()
+        for key in await kv.nodes():
+            await kv.delete(key)
+        yield connected
+
+
+def client(app: FastAPI, token: str | None = ADMIN) -> httpx.AsyncClient:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://pc", headers=headers
+    )
+
+
+async def test_the_plan_is_served_and_every_node_gets_its_desired_state(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        async with client(app) as api:
+            plan = (await api.get("/api/v1/plan")).json()
+            assert plan["revision"] == 1 and plan["unprotected_pairs"] == 0
+            assert plan["pairs"] == 2 and plan["stretch"]["red"]["max"] == 0
+            paths = (await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})).json()
+            assert paths["status"] == "protected"
+            assert paths["red"]["nodes"][0] == "host1" and paths["blue"]["nodes"][-1] == "host2"
+            assert set(paths["red"]["nodes"][1:-1]).isdisjoint(paths["blue"]["nodes"][1:-1])
+        kv = await bus.desired_state()
+        fabric = await fabric_store.load()
+        for node in fabric.nodes:
+            entry = await kv.get(node_key(node))
+            assert entry is not None, node
+            state = STATE.validate_json(entry.value)
+            assert isinstance(state, HostState if node.startswith("host") else SwitchState)
+
+
+async def test_a_link_failure_reprotects_publishes_and_rewrites_desired_state(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    seen: list[PathsChanged] = []
+
+    async def collect(event: Event) -> None:
+        assert isinstance(event, PathsChanged)
+        seen.append(event)
+
+    subscription = await bus.subscribe(PATHS_CHANGED, collect)
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        async with client(app) as api:
+            before = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+            used = before.json()["red"]["links"][1]
+            switch = before.json()["red"]["nodes"][1]
+            kv = await bus.desired_state()
+            old_doc = await kv.get(node_key(switch))
+            assert old_doc is not None
+            await bus.publish(
+                LinkHealthChanged(
+                    link_id=used, state="down", previous="up", at=datetime.now(UTC), source="test"
+                )
+            )
+            await until(lambda: service.revision == 2, "plan revision 2")
+            after = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+            assert used not in after.json()["red"]["links"] + after.json()["blue"]["links"]
+            assert (await api.get("/api/v1/plan")).json()["kind"] == "incremental"
+            await until(lambda: any(e.revision == 2 for e in seen), "paths.changed")
+    await subscription.unsubscribe()
+
+
+async def test_bad_queries_get_clear_errors(fabric_store: Store, bus: Bus, tmp_path: Path) -> None:
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        async with client(app) as api:
+            missing = await api.get("/api/v1/paths", params={"src": "host1", "dst": "nohost"})
+            assert missing.status_code == 404
+            assert "host 'nohost' not found" in missing.json()["detail"]
+            same = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host1"})
+            assert same.status_code == 422
+            assert (await api.get("/api/v1/paths", params={"src": "host1"})).status_code == 422
+        async with client(app, None) as anonymous:
+            assert (await anonymous.get("/api/v1/plan")).status_code == 401
+        async with client(app, VIEWER) as viewer:
+            assert (await viewer.post("/api/v1/plan/recompute")).status_code == 403
+        async with client(app) as admin:
+            response = await admin.post("/api/v1/plan/recompute")
+            assert response.status_code == 200 and response.json()["kind"] == "full"
+
+
+async def test_another_replica_takes_over_writing_when_the_leader_goes(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    async with AsyncExitStack() as second_stack:
+        first_stack = AsyncExitStack()
+        first = await replica(first_stack, fabric_store, bus, tmp_path)
+        second = await replica(second_stack, fabric_store, bus, tmp_path)
+        services: list[PathService] = [first.state.pathcomp, second.state.pathcomp]
+        await until(lambda: sum(s.is_leader() for s in services) == 1, "one leader")
+        leader = 0 if services[0].is_leader() else 1
+        stacks = [first_stack, second_stack]
+        await stacks[leader].aclose()  # the leader goes away
+        start = asyncio.get_running_loop().time()
+        await until(lambda: services[1 - leader].is_leader(), "handover")
+        assert asyncio.get_running_loop().time() - start < 5
+        if leader == 1:
+            await first_stack.aclose()
