@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+from contextlib import AsyncExitStack
+
 import structlog
 import uvicorn
 from fastapi import FastAPI
 
+from thorn.bus import Bus
 from thorn.config import Settings
+from thorn.store import Store
 from thorn.telemetry import configure_logging
+
+
+async def open_store_and_bus(
+    stack: AsyncExitStack,
+    settings: Settings,
+    name: str,
+    store: Store | None = None,
+    bus: Bus | None = None,
+) -> tuple[Store, Bus]:
+    """The store and bus a service runs on: the given ones (tests), or opened here and closed
+    with `stack`."""
+    if store is None:
+        store = await Store.open(settings.db_url)
+        stack.push_async_callback(store.close)
+    if bus is None:
+        bus = await Bus.connect(settings.nats_url, name=f"thorn-{name}")
+        stack.push_async_callback(bus.close)
+        await bus.ensure_streams()
+    return store, bus
 
 
 def serve(app: FastAPI, settings: Settings) -> None:

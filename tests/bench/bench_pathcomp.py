@@ -39,6 +39,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
+from sections import write_section
 
 console = Console(stderr=True)
 
@@ -594,14 +595,7 @@ def markdown(
 
 
 def write(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
-        text = head + section.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    write_section(path, section, MARK_BEGIN, MARK_END)
 
 
 def _sizes(values: list[str]) -> list[str]:

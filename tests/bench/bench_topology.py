@@ -29,6 +29,7 @@ import psycopg
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+from sections import write_section
 from sqlalchemy.engine import make_url
 
 from thorn.generators import fat_tree
@@ -216,14 +217,7 @@ def markdown(results: list[Result], generation: dict[str, float], command: str) 
 
 
 def write(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if MARK_BEGIN in text and MARK_END in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
-        text = head + section.rstrip("\n") + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
+    write_section(path, section, MARK_BEGIN, MARK_END)
 
 
 def main() -> None:

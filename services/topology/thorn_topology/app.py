@@ -12,6 +12,7 @@ from thorn.auth import BOOTSTRAP_TOKEN_NAME, hash_token, new_token
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.model import TokenRole
+from thorn.service import open_store_and_bus
 from thorn.store import Store
 from thorn.telemetry import instrument
 from thorn.web import BodyLimit, install_error_handlers
@@ -43,15 +44,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
-            the_store = store
-            if the_store is None:
-                the_store = await Store.open(settings.db_url)
-                stack.push_async_callback(the_store.close)
-            the_bus = bus
-            if the_bus is None:
-                the_bus = await Bus.connect(settings.nats_url, name="thorn-topology")
-                stack.push_async_callback(the_bus.close)
-                await the_bus.ensure_streams()
+            the_store, the_bus = await open_store_and_bus(stack, settings, "topology", store, bus)
             generated = await bootstrap_admin(the_store, settings)
             if generated is not None:
                 # Printed once, on the run that created it; only its hash is stored.
