@@ -30,6 +30,9 @@ class Settings(BaseSettings):
         64 * MiB, ge=1 * KiB, description="limit for fabric imports and containerlab files"
     )
     node_name: str | None = Field(None, description="the node a programmer agent runs on")
+    lease_seconds: float = Field(
+        3.0, gt=0.1, le=60, description="leader lease of replicated services (pathcomp)"
+    )
 
     @classmethod
     def unknown_environment(cls) -> list[str]:

@@ -5,6 +5,10 @@ writer role to another replica when its leader goes away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
@@ -24,6 +28,7 @@ from thorn.events import PATHS_CHANGED, Event, LinkHealthChanged, PathsChanged
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.model import TokenRole
+from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
 from thorn_pathcomp.service import PathService
@@ -166,3 +171,43 @@ async def test_another_replica_takes_over_writing_when_the_leader_goes(
         assert asyncio.get_running_loop().time() - start < 5
         if leader == 1:
             await first_stack.aclose()
+
+
+async def test_killing_the_leader_process_hands_over_within_seconds(
+    fabric_store: Store, bus: Bus, tmp_path: Path, database_url: str, nats_url: str
+) -> None:
+    """A real `thorn-pathcomp` process leads; SIGKILL gives it no chance to resign."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "THORN_DATABASE_URL": database_url,
+        "THORN_NATS_URL": nats_url,
+        "THORN_LISTEN": f"127.0.0.1:{port}",
+        "THORN_LEASE_SECONDS": "1.0",
+        "THORN_LOG_LEVEL": "warning",
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "thorn-pathcomp"), env=env,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        async with httpx.AsyncClient() as probe:
+            for _ in range(int(WAIT / 0.1)):  # up once it has planned, holding the lease
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await probe.get(f"http://127.0.0.1:{port}/healthz")).status_code == 200:
+                        break
+                await asyncio.sleep(0.1)
+        async with AsyncExitStack() as stack:
+            follower: PathService = (
+                await replica(stack, fabric_store, bus, tmp_path)
+            ).state.pathcomp
+            assert not follower.is_leader()
+            process.send_signal(signal.SIGKILL)
+            await process.wait()
+            killed = asyncio.get_running_loop().time()
+            await until(follower.is_leader, "handover after SIGKILL")
+            assert asyncio.get_running_loop().time() - killed < 3.0  # a 1 s lease
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()

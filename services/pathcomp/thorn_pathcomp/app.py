@@ -27,14 +27,16 @@ def create_app(
     *,
     store: Store | None = None,
     bus: Bus | None = None,
-    lease_seconds: float = 3.0,
+    lease_seconds: float | None = None,
 ) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             the_store, the_bus = await open_store_and_bus(stack, settings, "pathcomp", store, bus)
             kv = await the_bus.desired_state()
-            election = LeaderElection(the_bus, "pathcomp", ttl=lease_seconds)
+            election = LeaderElection(
+                the_bus, "pathcomp", ttl=lease_seconds or settings.lease_seconds
+            )
             await election.start()
             stack.push_async_callback(election.close)
             service = PathService(the_store, kv, the_bus, lambda: election.is_leader)
