@@ -20,9 +20,11 @@ from thorn_pathcomp.trees import (
     INF,
     Colour,
     GroupTrees,
+    NextHop,
     compute_group,
     extend,
     group_seed,
+    layers_and_colours,
     other_choice,
     own_choice,
 )
@@ -111,6 +113,68 @@ def repair(
         (missing[0], missing[1]),
     )
     return repaired, touched
+
+
+def relayer(
+    graph: FabricGraph, trees: GroupTrees, changed: set[int], sources: set[SwitchId]
+) -> tuple[GroupTrees, set[SwitchId]] | None:
+    """For a group whose distances or colours move: redo the layers and colours (the cheap
+    part of `compute_group`, the very same code) and re-choose next hops only at switches
+    whose level or colour moved, their neighbours and the ends of changed links. Every other
+    switch sees the same candidates with the same distances, so its choice stands: the result
+    is what `compute_group` gives (tests compare them). None when too much moved."""
+    group = trees.group
+    level, colour, _ = layers_and_colours(graph, group)
+    n = len(level)
+    moved = {v for v in range(n) if level[v] != trees.level[v] or colour[v] != trees.colour[v]}
+    if len(moved) > n // 8:
+        return None
+    adjacency, edges = graph.adjacency, graph.edges
+    redo = moved | {end for i in changed for end in (edges[i].u, edges[i].v)}
+    redo |= {u for v in moved for u, _ in adjacency[v]}
+    seed = group_seed(group)
+    single = len(group) == 1
+    nexts = (list(trees.next[0]), list(trees.next[1]))
+    dists = (list(trees.dist[0]), list(trees.dist[1]))
+    for c in (Colour.red, Colour.blue):  # own colours (and the ends of the trees) first
+        hops, dist_c = nexts[c], dists[c]
+        for v in redo:
+            hops[v], dist_c[v] = None, INF
+            if level[v] >= INF:
+                continue
+            if level[v] == 0:
+                if single or colour[v] == c:
+                    hops[v], dist_c[v] = NextHop(HOST, -1), 0
+            elif colour[v] == c:
+                hops[v] = own_choice(v, c, level, colour, adjacency, seed)
+                if hops[v] is None:
+                    return None
+                dist_c[v] = level[v]
+    missing: list[frozenset[SwitchId]] = []
+    for c in (Colour.red, Colour.blue):
+        hops, dist_c, srlg_c = nexts[c], dists[c], trees.srlgs[c]
+        gone = set(trees.missing[c]) - redo
+        for v in sorted(redo):
+            if level[v] >= INF or hops[v] is not None:
+                continue
+            own = nexts[c.other][v]
+            choice = other_choice(
+                v, c, colour, dist_c, srlg_c, adjacency, edges, own, frozenset(), seed
+            )
+            if choice is None:
+                gone.add(v)
+            else:
+                hops[v], dist_c[v] = choice, dist_c[choice.switch] + 1
+        if not sources.isdisjoint(gone):
+            return None
+        if gone:
+            extend(frozenset(gone), hops, dist_c, srlg_c, adjacency, edges)
+        missing.append(frozenset(gone))
+    relayered = GroupTrees(
+        group, level, colour, nexts, dists, trees.srlgs, False, "partition",
+        (missing[0], missing[1]),
+    )  # fmt: skip
+    return relayered, redo | missing[0] | missing[1] | trees.missing[0] | trees.missing[1]
 
 
 def group_trees(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees:
@@ -320,6 +384,7 @@ class Plan:
         groups = {g for g in graph.groups if g}
         affected = {g for g in groups if g not in self.trees}
         repairable: set[Group] = set()
+        relayerable: set[Group] = set()
         for group in groups - affected:
             trees = self.trees[group]
             # st-numbered groups depend on the whole block structure: any change redoes them.
@@ -333,6 +398,8 @@ class Plan:
             reasons = {self._touches(graph, group, trees, i) for i in changed}
             if "structure" in reasons:
                 affected.add(group)
+                if not graph.has_srlgs:
+                    relayerable.add(group)
             elif "used" in reasons:
                 affected.add(group)
                 if not graph.has_srlgs:
@@ -345,6 +412,8 @@ class Plan:
             result = None
             if group in repairable:
                 result = repair(graph, self.trees[group], lost, gained, sources)
+            elif group in relayerable and self.trees[group].method == "partition":
+                result = relayer(graph, self.trees[group], lost | gained, sources)
             if result is not None:
                 new_trees[group], repaired_at[group] = result
             else:

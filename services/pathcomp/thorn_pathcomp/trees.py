@@ -125,10 +125,13 @@ class GroupTrees:
         raise AssertionError("a tree has a loop")  # distances strictly fall: cannot happen
 
 
-def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees:
-    """Both trees toward `group`; `sources` are the switches with hosts (graph.sources)."""
+def layers_and_colours(
+    graph: FabricGraph, group: Group
+) -> tuple[list[int], list[int], list[SwitchId]]:
+    """Steps 1 and 2: each switch's distance to the group and its colour, and the order
+    (layer by layer, by switch number) in which the colours were given."""
     n = len(graph.switches)
-    adjacency, edges = graph.adjacency, graph.edges
+    adjacency = graph.adjacency
     level = [INF] * n
     colour = [-1] * n
     queue: deque[SwitchId] = deque()
@@ -139,7 +142,6 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
     if not single:
         for i, s in enumerate(group):
             colour[s] = i % 2
-    # 1 + 2: BFS layers, colouring each switch from its shortest-path neighbours.
     layers: list[list[SwitchId]] = [sorted(group)]
     while queue:
         v = queue.popleft()
@@ -171,6 +173,15 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
             colour[v] = seen - 1  # 1 -> red, 2 -> blue
     if single:
         colour[group[0]] = BOTH  # the one attachment switch ends both colours
+    return level, colour, order
+
+
+def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees:
+    """Both trees toward `group`; `sources` are the switches with hosts (graph.sources)."""
+    n = len(graph.switches)
+    adjacency, edges = graph.adjacency, graph.edges
+    single = len(group) == 1
+    level, colour, order = layers_and_colours(graph, group)
     seed = group_seed(group)
     # 3: next hops per colour; own colour down the layers, the other colour sideways.
     nexts: tuple[list[NextHop | None], list[NextHop | None]] = ([None] * n, [None] * n)
