@@ -27,7 +27,7 @@ from thorn.desired import DesiredState, HostState, SwitchState, node_key
 from thorn.events import PATHS_CHANGED, Event, LinkHealthChanged, PathsChanged
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
-from thorn.model import TokenRole
+from thorn.model import AdminState, LinkUpdate, TokenRole
 from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
@@ -211,3 +211,39 @@ async def test_killing_the_leader_process_hands_over_within_seconds(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_a_recompute_with_nothing_changed_rewrites_nothing(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        async with client(app) as api:
+            again = (await api.post("/api/v1/plan/recompute")).json()
+            assert again["kind"] == "full" and again["published_nodes"] == 0
+
+
+async def test_a_host_cut_off_from_the_fabric_is_reported_unreachable(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    fabric = await fabric_store.load()
+    changes = []
+    for link in [lk for lk in fabric.links.values() if "host2" in (lk.a.node, lk.b.node)]:
+        changes += fabric.update_link(link.id, LinkUpdate(admin_state=AdminState.down))
+    await fabric_store.commit(
+        changes,
+        expected_revision=fabric.revision,
+        next_link_id=fabric.next_link_id,
+        actor="test",
+        action="link.update",
+        target="host2 links",
+        detail={},
+    )
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        async with client(app) as api:
+            pair = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+            assert pair.status_code == 200
+            assert pair.json()["status"] == "unreachable"
+            assert pair.json()["red"] is None and pair.json()["blue"] is None
+            assert (await api.get("/api/v1/plan")).json()["unreachable_pairs"] == 2

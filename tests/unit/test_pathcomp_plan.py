@@ -359,3 +359,24 @@ def test_a_failure_recomputes_only_the_destinations_whose_trees_it_touches() -> 
     assert same_trees(plan, Plan.compute(fabric, summarise=False))
     for pair in pairs(plan):
         check_pair(fabric, pair)
+
+
+# --- verified against the per-pair explicit mode ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["leaf-spine", "leaf-spine dual-homed", "fat-tree k=4", "dual-plane"]
+)
+def test_the_trees_match_suurballe_on_sharing_and_on_total_length(name: str) -> None:
+    """Per pair, the destination-based trees share no more than Suurballe's optimal pair and,
+    on these fabrics, are exactly as short in total."""
+    from thorn_pathcomp.explicit import disjoint_pair
+
+    fabric = Fabric.from_document(GENERATED[name])
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        best = disjoint_pair(plan.graph, pair.src, pair.dst)
+        assert pair.red is not None and pair.blue is not None
+        assert len(pair.shared.links) <= len(best.shared.links)
+        assert len(pair.shared.switches) <= len(best.shared.switches)
+        assert pair.red.hops + pair.blue.hops == best.total_hops, pair

@@ -77,6 +77,7 @@ class PathService:
         self.status: PlanStatus | None = None
         self.revision = 0
         self.link_states: dict[int, bool] = {}  # health's view, on top of admin states
+        self._vni_written: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
 
     # --- computing --------------------------------------------------------------------------
@@ -153,7 +154,10 @@ class PathService:
         if self.is_leader() and self.kv is not None:
             if vnis:
                 for key, document in states.vni_documents().items():
-                    await self.kv.put(key, document)
+                    if self._vni_written.get(key) != document:  # unchanged: not rewritten
+                        await self.kv.put(key, document)
+                        self._vni_written[key] = document
+                        published += 1
             for stage in sorted({s for c in changes for s in c.stages}):
                 # Destination outward: a stage is written only after the lower ones.
                 for change in changes:
