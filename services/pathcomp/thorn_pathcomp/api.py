@@ -39,7 +39,10 @@ class PathsOut(BaseModel):
     src: str
     dst: str
     plan_revision: int
-    status: str  # "protected", "degraded" (shares a switch or SRLG), "unprotected", "unreachable"
+    # "protected": nothing shared; "degraded": only what no topology avoids or an SRLG is
+    # shared (a single-homed end's host link and switch, a cut switch); "unprotected": a
+    # switch-to-switch link is shared; "unreachable": a colour has no path.
+    status: str
     red: RouteOut | None
     blue: RouteOut | None
     shortest: int | None
@@ -101,9 +104,10 @@ async def paths(
         pair = plan.pair(src, dst)
     except UnknownHost as exc:
         raise NotFound(f"host '{exc.args[0]}' not found in the planned topology") from exc
+    host_links = {a.link_id for h in (src, dst) for a in plan.graph.attachments.get(h, [])}
     if pair.red is None or pair.blue is None:
         status = "unreachable"
-    elif pair.shared.links:
+    elif set(pair.shared.links) - host_links:
         status = "unprotected"
     elif pair.shared:
         status = "degraded"
