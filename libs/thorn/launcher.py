@@ -131,8 +131,8 @@ def main() -> None:
         nonlocal stopping
         stopping = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # HUP: the terminal closed
+        signal.signal(signum, on_signal)
     children: list[Child] = []
     try:
         with console.status("starting nats-server (JetStream)"):

@@ -78,7 +78,8 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
     )
     try:
         wait_for(f"http://127.0.0.1:{port}/api/v1/fabric/summary", token, time.monotonic() + START)
-        again.send_signal(signal.SIGINT)
+        services = children_of(again.pid)
+        again.send_signal(signal.SIGHUP)  # the terminal went away: stop cleanly all the same
         output, _ = again.communicate(timeout=STOP)
     finally:
         if again.poll() is None:
@@ -86,3 +87,4 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
             again.wait()
     assert again.returncode == 0
     assert token not in output.decode(errors="replace")
+    assert not any(Path(f"/proc/{pid}").exists() for pid in services)

@@ -380,3 +380,28 @@ def test_the_trees_match_suurballe_on_sharing_and_on_total_length(name: str) -> 
         assert len(pair.shared.links) <= len(best.shared.links)
         assert len(pair.shared.switches) <= len(best.shared.switches)
         assert pair.red.hops + pair.blue.hops == best.total_hops, pair
+
+
+generated_fabrics = st.one_of(
+    st.builds(leaf_spine, st.integers(2, 4), st.integers(2, 4), st.integers(1, 3)),
+    st.builds(
+        lambda s, p, h: leaf_spine(s, 2 * p, h, dual_homed=True),
+        st.integers(2, 3), st.integers(1, 2), st.integers(1, 2),
+    ),
+    st.builds(fat_tree, st.sampled_from([2, 4])),
+    st.builds(rail_optimized, st.integers(1, 3), st.integers(1, 3), st.integers(1, 2),
+              st.integers(1, 3)),
+    st.builds(dual_plane, st.integers(1, 2), st.integers(1, 3), st.integers(1, 2)),
+)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None)
+@given(generated_fabrics)
+def test_every_generator_gives_covered_loop_free_pairs_that_hide_no_risk(
+    doc: FabricDocument,
+) -> None:
+    fabric = Fabric.from_document(doc)
+    plan = Plan.compute(fabric)
+    for pair in pairs(plan):
+        check_pair(fabric, pair)  # both routes exist, are real and loop-free; risks are exact
+    assert plan.summary.unreachable_pairs == 0
