@@ -227,7 +227,7 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
         if missing:
             # Only a source switch matters: transit switches carry one colour anyway.
             fallback = fallback or not sources.isdisjoint(missing)
-            _extend(missing, nh_c, dist_c, srlg_c, adjacency, edges)
+            extend(missing, nh_c, dist_c, srlg_c, adjacency, edges)
     missing_pair = (missing_sets[0], missing_sets[1])
     return GroupTrees(
         group, level, colour, nexts, dists, srlgs, fallback, "partition", missing_pair
@@ -304,21 +304,7 @@ def other_choice(
 
 
 def extend(
-    missing: frozenset[SwitchId],
-    nh_c: list[NextHop | None],
-    dist_c: list[int],
-    srlg_c: list[frozenset[str]],
-    adjacency: list[list[tuple[SwitchId, int]]],
-    edges: list[Edge],
-) -> None:
-    """(Re)build the extension of one colour's tree over the switches in `missing`."""
-    for v in missing:
-        nh_c[v], dist_c[v] = None, INF
-    _extend(sorted(missing), nh_c, dist_c, srlg_c, adjacency, edges)
-
-
-def _extend(
-    missing: list[SwitchId],
+    missing: frozenset[SwitchId] | list[SwitchId],
     nh_c: list[NextHop | None],
     dist_c: list[int],
     srlg_c: list[frozenset[str]],
@@ -332,6 +318,8 @@ def _extend(
     and distances strictly fall along every next hop (no loops).
     """
     todo = set(missing)
+    for v in todo:  # (re)build: forget what an earlier extension chose
+        nh_c[v], dist_c[v] = None, INF
     heap = list({(dist_c[u], u) for v in todo for u, _ in adjacency[v] if dist_c[u] < INF})
     heapq.heapify(heap)
     while heap and todo:
