@@ -24,7 +24,7 @@ from thorn.auth import hash_token
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.desired import DesiredState, HostState, SwitchState, node_key
-from thorn.events import PATHS_CHANGED, Event, LinkHealthChanged, PathsChanged
+from thorn.events import PATHS_CHANGED, Event, LinkHealthChanged, PathsChanged, TopologyChanged
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.model import AdminState, LinkUpdate, TokenRole
@@ -247,3 +247,33 @@ async def test_a_host_cut_off_from_the_fabric_is_reported_unreachable(
             assert pair.json()["status"] == "unreachable"
             assert pair.json()["red"] is None and pair.json()["blue"] is None
             assert (await api.get("/api/v1/plan")).json()["unreachable_pairs"] == 2
+
+
+async def test_a_drain_announced_on_topology_changed_is_replanned_incrementally(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        async with client(app) as api:
+            first = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+            used = first.json()["blue"]["links"][-1]  # host2's link toward the blue leaf
+            fabric = await fabric_store.load()
+            changes = fabric.drain_link(used)
+            revision = await fabric_store.commit(
+                changes, expected_revision=fabric.revision, next_link_id=fabric.next_link_id,
+                actor="ops", action="link.drain", target=str(used), detail={},
+            )  # fmt: skip
+            await bus.publish(
+                TopologyChanged(revision=revision, at=datetime.now(UTC), actor="ops", changes=[])
+            )
+            await until(
+                lambda: service.fabric is not None and service.fabric.revision == revision,
+                "replanned at the new topology revision",
+            )
+            plan = (await api.get("/api/v1/plan")).json()
+            assert plan["kind"] == "incremental" and plan["topology_revision"] == revision
+            after = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+            assert used not in after.json()["red"]["links"] + after.json()["blue"]["links"]
+            # host2 is now single-homed: both colours cross its remaining link.
+            assert after.json()["status"] == "degraded"

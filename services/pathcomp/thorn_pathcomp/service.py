@@ -88,19 +88,59 @@ class PathService:
             fabric = await self.store.load()
             start = time.perf_counter()
             plan = await asyncio.to_thread(Plan.compute, fabric)
-            if self.link_states:
-                known = {k: v for k, v in self.link_states.items() if k in fabric.links}
-                plan, _ = plan.update_links(known, fabric.revision)
+            if overlay := self._health_overlay(fabric):
+                plan, _ = plan.update_links(overlay, fabric.revision)
                 plan.summary = plan.summarise()
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("full").observe(seconds)
             states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
             return await self._adopt(fabric, plan, states, None, seconds, "full", reason, vnis=True)
 
+    def _health_overlay(self, fabric: Fabric) -> dict[int, bool]:
+        """Links health reports out of service (health can take links out, never put an
+        admin-down link back)."""
+        return {k: False for k, up in self.link_states.items() if not up and k in fabric.links}
+
     async def on_topology(self, event: TopologyChanged) -> None:
+        """Replan incrementally: a drain or a new link recomputes only what it touches."""
         if self.fabric is not None and event.revision <= self.fabric.revision:
             return  # already planned at this revision or later
-        await self.recompute(f"topology revision {event.revision}")
+        if self.plan is None:
+            await self.recompute(f"topology revision {event.revision}")
+            return
+        async with self._lock:
+            assert self.plan is not None
+            fabric = await self.store.load()
+            if fabric.revision <= (self.fabric.revision if self.fabric else -1):
+                return
+            start = time.perf_counter()
+            plan, update = await asyncio.to_thread(self.plan.update, fabric)
+            if overlay := self._health_overlay(fabric):
+                plan, again = plan.update_links(overlay, fabric.revision)
+                update = PlanUpdate(
+                    update.recomputed | again.recomputed,
+                    update.dropped,
+                    update.full,
+                    update.seconds + again.seconds,
+                )
+            seconds = time.perf_counter() - start
+            PLAN_SECONDS.labels("full" if update.full else "incremental").observe(seconds)
+            # The topology may have changed TEPs, workloads or hosts: build the documents
+            # afresh and stage the move from the previous ones.
+            states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
+            await self._adopt(
+                fabric,
+                plan,
+                states,
+                update,
+                seconds,
+                "full" if update.full else "incremental",
+                f"topology revision {fabric.revision}",
+                vnis=True,
+                fresh=True,
+            )
+            plan.summary = await asyncio.to_thread(plan.summarise)
+            UNPROTECTED.set(plan.summary.unprotected_pairs)
 
     async def on_link_health(self, event: LinkHealthChanged) -> None:
         up = event.state not in OUT_OF_SERVICE
@@ -145,10 +185,11 @@ class PathService:
         reason: str,
         *,
         vnis: bool,
+        fresh: bool = False,
     ) -> PlanStatus:
         old = self.states
-        if old is not None and update is None:
-            states.compare_with(old)  # a full replan still moves destination outward
+        if old is not None and (fresh or update is None):
+            states.compare_with(old)  # documents built afresh still move destination outward
         changes = diff(old, states)
         published = 0
         if self.is_leader() and self.kv is not None:
