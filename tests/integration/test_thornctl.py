@@ -80,19 +80,7 @@ links:
   - {a: "host-a:eth1", b: "sw-a:swp2"}
 """
 
-CLAB = """\
-name: lab
-topology:
-  kinds:
-    nokia_srlinux: {image: ghcr.io/nokia/srlinux}
-  nodes:
-    spine1: {kind: nokia_srlinux}
-    leaf1: {kind: nokia_srlinux}
-    gpu1: {kind: linux, image: alpine}
-  links:
-    - endpoints: ["spine1:e1-1", "leaf1:e1-49"]
-    - endpoints: ["leaf1:e1-1", "gpu1:eth1"]
-"""
+CLAB = (Path(__file__).parents[1] / "data" / "clab" / "tiny.clab.yml").read_text()
 # A bridge is a shared L2 segment, not a fabric node: it and its links are skipped.
 CLAB_WITH_BRIDGE = (
     CLAB.replace("  links:\n", "    br0: {kind: bridge}\n  links:\n")

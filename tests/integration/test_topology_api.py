@@ -406,19 +406,7 @@ async def test_bad_generator_parameters_are_422_naming_the_field(api: Api) -> No
     assert response.json()["errors"][0]["loc"] == ["body", "spines"]
 
 
-CLAB = """
-name: tiny
-topology:
-  kinds:
-    nokia_srlinux: {image: ghcr.io/nokia/srlinux}
-  nodes:
-    spine1: {kind: nokia_srlinux}
-    leaf1: {kind: nokia_srlinux}
-    gpu1: {kind: linux, image: alpine}
-  links:
-    - endpoints: ["spine1:e1-1", "leaf1:e1-49"]
-    - endpoints: ["leaf1:e1-1", "gpu1:eth1"]
-"""
+CLAB = (Path(__file__).parents[1] / "data" / "clab" / "tiny.clab.yml").read_text()
 
 
 async def test_a_containerlab_file_is_imported(api: Api) -> None:

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from thorn.auth import Admin, Viewer
 from thorn.fabric import NotFound
 from thorn.web import ERROR_RESPONSES, FieldError
-from thorn_pathcomp.plan import UnknownHost
+from thorn_pathcomp.plan import Route, UnknownHost
 from thorn_pathcomp.service import PathService
 
 
@@ -114,11 +114,10 @@ async def paths(
     else:
         status = "protected"
 
-    def route(r: object) -> RouteOut | None:
+    def route(r: Route | None) -> RouteOut | None:
         if r is None:
             return None
-        nodes, links = r.nodes, r.links  # type: ignore[attr-defined]
-        return RouteOut(nodes=list(nodes), links=list(links), hops=len(links))
+        return RouteOut(nodes=list(r.nodes), links=list(r.links), hops=r.hops)
 
     return PathsOut(
         src=src, dst=dst, plan_revision=service.status.revision, status=status,

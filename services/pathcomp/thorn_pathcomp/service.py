@@ -87,10 +87,10 @@ class PathService:
         async with self._lock:
             fabric = await self.store.load()
             start = time.perf_counter()
-            plan = await asyncio.to_thread(Plan.compute, fabric)
+            plan = await asyncio.to_thread(Plan.compute, fabric, summarise=False)
             if overlay := self._health_overlay(fabric):
                 plan, _ = plan.update_links(overlay, fabric.revision)
-                plan.summary = plan.summarise()
+            plan.summary = await asyncio.to_thread(plan.summarise)  # once, on the final plan
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("full").observe(seconds)
             states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
@@ -210,8 +210,6 @@ class PathService:
             KV_WRITES.inc(published)
         self.revision += 1
         self.fabric, self.plan, self.states = fabric, plan, states
-        gc.collect()
-        gc.freeze()  # the plan is long-lived: keep it out of every later full collection
         self.status = PlanStatus(
             self.revision,
             fabric.revision,
@@ -239,4 +237,8 @@ class PathService:
                 await self.bus.publish(event)
             except Exception as exc:  # the documents are written; agents watch the KV
                 log.error("paths_changed_not_published", error=str(exc))
+        # Off the critical path (documents and event are out): keep the long-lived plan out
+        # of every later full collection.
+        gc.collect()
+        gc.freeze()
         return self.status
