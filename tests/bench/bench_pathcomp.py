@@ -7,9 +7,11 @@ memory belongs to that fabric alone), measures:
   child's peak RSS before and after;
 - incremental updates: seeded random switch-to-switch link failures, each applied with
   `plan.update_links({id: False})` and restored with `update_links({id: True})`;
-- a per-pair baseline: `networkx.edge_disjoint_paths` on a seeded sample of edge-switch
-  pairs, extrapolated to every edge-switch pair, and our own per-pair Suurballe
-  (`explicit.disjoint_pair`) on the same sample.
+- per-pair baselines on a seeded sample of edge-switch pairs, extrapolated to every ordered
+  edge-switch pair: `networkx.edge_disjoint_paths` on the whole topology graph (hosts and
+  switches: the issue's calibration, ~45 ms per pair at k=16 and ~310 ms at k=32), the same
+  on the switch graph alone (a stricter variant), and our own per-pair Suurballe
+  (`explicit.disjoint_pair`).
 
 Writes a results section into docs/benchmarks.md.
 
@@ -113,7 +115,8 @@ class Result:
     failures: list[Failures]
     failures_budget_hit: bool
     nx_graph_s: float
-    nx_pair_s: list[float]
+    nx_topology_pair_s: list[float]  # networkx on the whole topology graph (the target's)
+    nx_pair_s: list[float]  # networkx on the switch graph alone (stricter)
     nx_paths_min: int  # fewest edge-disjoint paths networkx found for a sampled pair
     explicit_pair_s: list[float]
     explicit_node_disjoint: int  # sampled pairs whose explicit pair was node-disjoint
@@ -131,6 +134,10 @@ class Result:
         return self.edge_switches * (self.edge_switches - 1) // 2
 
     @property
+    def ordered_pairs(self) -> int:
+        return 2 * self.unordered_pairs
+
+    @property
     def plan_increment_mib(self) -> float:
         return self.rss_plan_mib - self.rss_fabric_mib
 
@@ -140,11 +147,26 @@ class Result:
 
     @property
     def nx_all_s(self) -> float:
-        return self.nx_mean_s * self.unordered_pairs
+        return self.nx_mean_s * self.ordered_pairs
+
+    @property
+    def nx_topology_mean_s(self) -> float:
+        return statistics.fmean(self.nx_topology_pair_s) if self.nx_topology_pair_s else math.nan
+
+    @property
+    def nx_topology_all_s(self) -> float:
+        return self.nx_topology_mean_s * self.ordered_pairs
 
     @property
     def ratio(self) -> float:
-        return self.nx_all_s / self.compute_s
+        """The target's ratio: networkx on the topology graph over every ordered edge-switch
+        pair, against our full plan (which covers every ordered host pair)."""
+        return self.nx_topology_all_s / self.compute_s
+
+    @property
+    def strict_ratio(self) -> float:
+        """networkx on the switch graph alone, unordered pairs: the least favourable count."""
+        return self.nx_mean_s * self.unordered_pairs / self.compute_s
 
     @property
     def explicit_mean_s(self) -> float:
@@ -152,7 +174,7 @@ class Result:
 
     @property
     def explicit_all_s(self) -> float:
-        return self.explicit_mean_s * self.unordered_pairs
+        return self.explicit_mean_s * self.ordered_pairs
 
     def all_failures(self) -> Failures:
         merged = Failures("all")
@@ -237,6 +259,7 @@ def child(key: str, failures: int, pairs: int, seed: int) -> None:
 
     from thorn.fabric import Fabric
     from thorn.generators import fat_tree, leaf_spine
+    from thorn.model import AdminState
     from thorn_pathcomp.explicit import disjoint_pair
     from thorn_pathcomp.plan import Plan
 
@@ -310,6 +333,23 @@ def child(key: str, failures: int, pairs: int, seed: int) -> None:
 
     # Baselines on the same sample of edge-switch pairs.
     sample = _sample_pairs(edge_switches, pairs, random.Random(seed + 1))
+    # The topology graph as the plan takes it: every node, every usable link, hosts included.
+    topology: nx.Graph[str] = nx.Graph()
+    topology.add_nodes_from(fabric.nodes)
+    topology.add_edges_from(
+        (link.a.node, link.b.node)
+        for link in fabric.links.values()
+        if link.admin_state == AdminState.up
+    )
+    found_topology: list[int] = []
+
+    def nx_topology_pair(a: int, b: int) -> None:
+        paths = nx.edge_disjoint_paths(topology, graph.switches[a], graph.switches[b])
+        found_topology.append(len(list(paths)))
+
+    _emit(phase="networkx baseline (topology graph)", total=len(sample))
+    nx_topology_pair_s = _timed_pairs(sample, nx_topology_pair, BASELINE_BUDGET_S)
+
     start = time.perf_counter()
     g: nx.Graph[int] = nx.Graph()
     g.add_nodes_from(range(len(graph.switches)))
@@ -320,7 +360,7 @@ def child(key: str, failures: int, pairs: int, seed: int) -> None:
     def nx_pair(a: int, b: int) -> None:
         found.append(len(list(nx.edge_disjoint_paths(g, a, b))))
 
-    _emit(phase="networkx baseline", total=len(sample))
+    _emit(phase="networkx baseline (switch graph)", total=len(sample))
     nx_pair_s = _timed_pairs(sample, nx_pair, BASELINE_BUDGET_S)
 
     host_of = {group[0]: hosts[0] for group, hosts in graph.groups.items() if len(group) == 1}
@@ -352,8 +392,9 @@ def child(key: str, failures: int, pairs: int, seed: int) -> None:
         failures=[results[name] for name in classes],
         failures_budget_hit=budget_hit,
         nx_graph_s=nx_graph_s,
+        nx_topology_pair_s=nx_topology_pair_s,
         nx_pair_s=nx_pair_s,
-        nx_paths_min=min(found, default=0),
+        nx_paths_min=min(found + found_topology, default=0),
         explicit_pair_s=explicit_pair_s,
         explicit_node_disjoint=sum(node_disjoint),
     )
@@ -488,9 +529,10 @@ def tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]]
             )  # fmt: skip
     baseline_rows = [
         [
-            r.name, f"{r.edge_switches:,}", f"{r.unordered_pairs:,}", str(len(r.nx_pair_s)),
-            f"{r.nx_mean_s * 1000:.1f}", _h(r.nx_all_s), _h(2 * r.nx_all_s),
-            f"{r.compute_s:.2f}", f"{r.ratio:,.0f}x",
+            r.name, f"{r.edge_switches:,}", f"{r.ordered_pairs:,}",
+            str(len(r.nx_topology_pair_s)), f"{r.nx_topology_mean_s * 1000:.1f}",
+            _h(r.nx_topology_all_s), f"{r.compute_s:.2f}", f"{r.ratio:,.0f}x",
+            f"{r.nx_mean_s * 1000:.1f}", _h(r.nx_all_s), f"{r.strict_ratio:,.0f}x",
             f"{r.explicit_mean_s * 1000:.2f}", _h(r.explicit_all_s),
             f"{r.explicit_all_s / r.compute_s:,.1f}x",
         ]
@@ -518,9 +560,10 @@ def tables(results: list[Result]) -> list[tuple[str, list[str], list[list[str]]]
         (
             "Per-pair baselines on sampled edge-switch pairs, extrapolated to all of them",
             [
-                "fabric", "edge switches", "unordered pairs", "sampled", "networkx (ms/pair)",
-                "networkx, all pairs", "(ordered)", "our plan (s)", "ratio",
-                "disjoint_pair (ms/pair)", "disjoint_pair, all pairs", "vs plan",
+                "fabric", "edge switches", "ordered pairs", "sampled",
+                "networkx, topology graph (ms/pair)", "all pairs", "our plan (s)", "ratio",
+                "networkx, switch graph (ms/pair)", "all pairs", "strict ratio (unordered)",
+                "disjoint_pair (ms/pair)", "all pairs", "vs plan",
             ],
             baseline_rows,
         ),
@@ -585,17 +628,21 @@ def markdown(
         "`gc.freeze()` follows each adopted plan, outside the timed updates)"
         + (f"; the time budget stopped the failures early for {', '.join(budget)}." if budget
            else "."),
-        "- *Baselines*: a seeded uniform sample of distinct unordered edge-switch (leaf) pairs; "
+        "- *Baselines*: a seeded uniform sample of distinct edge-switch (leaf) pairs; "
         "`networkx.edge_disjoint_paths(G, s, t)` (default flow function, every disjoint path "
-        "returned) on an undirected `nx.Graph` of the switches and the usable switch links of "
-        "the same `FabricGraph` (these generators have no parallel links), and "
-        "`explicit.disjoint_pair` between one host of each of the two switches. The mean time "
-        "per pair is multiplied by the number of unordered edge-switch pairs, n(n-1)/2; the "
-        "*ordered* column doubles it (a plan gives both directions; edge-disjoint paths in an "
-        "undirected graph serve both). *Ratio* is the unordered extrapolation over our "
-        "`Plan.compute` time, so it is the conservative one. The baseline covers only "
+        "returned) on an undirected `nx.Graph` of the *topology graph*, i.e. what the plan "
+        "takes: every node (hosts included) and every usable link. This is the baseline the "
+        "target was calibrated on (about 45 ms per edge-switch pair at k=16 and 310 ms at "
+        "k=32, 22 hours for every ordered pair at k=32). Its mean time per pair is multiplied "
+        "by the number of ordered edge-switch pairs, n(n-1): the plan gives a path for each "
+        "direction, as the target's 22 hours count. *Ratio* is that extrapolation over our "
+        "`Plan.compute` time, and the target is judged on it. For transparency, the same "
+        "networkx call on the switch graph alone (a smaller graph, so 4-5x faster per pair) "
+        "is reported with the least favourable count, unordered pairs n(n-1)/2, as the "
+        "*strict ratio*; and `explicit.disjoint_pair` (our per-pair Suurballe) between one "
+        "host of each of the two switches, over ordered pairs. The baselines cover only "
         "switch pairs; the plan also covers every host pair behind them. Sampling stops after "
-        f"{pairs} pairs or {BASELINE_BUDGET_S:.0f} s per fabric.",
+        f"{pairs} pairs or {BASELINE_BUDGET_S:.0f} s per fabric and baseline.",
         MARK_END,
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
