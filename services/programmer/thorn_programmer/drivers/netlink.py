@@ -1,0 +1,373 @@
+"""Reading and writing THORN's kernel objects over rtnetlink (pyroute2's AsyncIPRoute).
+
+`NetlinkDatapath` is the shared part of every driver: devices, TEP addresses, routes, clsact
+qdiscs, u32 redirects and FDB entries, in one network namespace (the node's: the agent's own
+in production, a lab namespace in emulation). Drivers add their own rule kinds through
+`_read_rules` and `_apply_rule`, and choose what to render (`render`).
+
+Each change is applied on its own; a failure (a missing device, a kernel refusal) becomes an
+`ApplyError` in the report, carrying the kernel's message, and the rest is still applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from pyroute2 import AsyncIPRoute
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
+
+from thorn_programmer import u32
+from thorn_programmer.intent import Intent
+from thorn_programmer.kernel import (
+    PRIO_BAND,
+    PRIO_BASE,
+    RTPROT_THORN,
+    TEP_DEVICE,
+    TEP_LABEL,
+    ZERO_MAC,
+    Address,
+    Change,
+    Clsact,
+    Device,
+    Fdb,
+    KernelObject,
+    Redirect,
+    Route,
+)
+
+MAIN_TABLE = 254
+SCOPE_LINK = 253
+NUD_NOARP_PERMANENT = 0xC0
+NTF_SELF = 0x02
+ADDR_GEN_MODE_NONE = 1
+OWN_DEVICE_PREFIXES = ("thv", "thorn-")
+
+
+class MissingDevice(LookupError):
+    """The desired state names a device this node does not have."""
+
+    def __init__(self, dev: str, what: KernelObject) -> None:
+        super().__init__(f"device {dev!r} does not exist (needed by {what})")
+        self.dev = dev
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyError:
+    change: Change
+    message: str
+    errno: int | None = None
+
+
+@dataclass(slots=True)
+class ApplyReport:
+    applied: list[Change] = field(default_factory=list)
+    errors: list[ApplyError] = field(default_factory=list)
+
+
+def owned_prio(prio: int) -> bool:
+    return PRIO_BASE <= prio < PRIO_BASE + PRIO_BAND
+
+
+def is_own_device(name: str) -> bool:
+    return name.startswith(OWN_DEVICE_PREFIXES)
+
+
+def _prefix(address: str, length: int, family: int) -> str:
+    if address is None:
+        address = "0.0.0.0" if family == socket.AF_INET else "::"
+    return str(ipaddress.ip_network(f"{address}/{length}", strict=False))
+
+
+async def _done(responses: Any) -> None:
+    """Drain a request's responses (errors are raised here)."""
+    async for _ in responses:
+        pass
+
+
+class NetlinkDatapath:
+    """One namespace's THORN objects: read, diff (kernel.diff), apply."""
+
+    name: ClassVar[str] = "netlink"
+    # Which devices' ingress filters to read: representors and our own tunnel devices.
+    rule_devices: ClassVar[Callable[[str], bool]] = staticmethod(
+        lambda name: name.endswith("_rep") or is_own_device(name)
+    )
+
+    def __init__(self, ip: AsyncIPRoute, netns: str | None = None) -> None:
+        self.ip = ip
+        self.netns = netns
+        self.ifindex: dict[str, int] = {}
+
+    @classmethod
+    @asynccontextmanager
+    async def open(cls, netns: str | None = None) -> AsyncIterator[NetlinkDatapath]:
+        async with AsyncIPRoute(netns=netns) as ip:
+            yield cls(ip, netns)
+
+    def render(self, intent: Intent) -> list[KernelObject]:
+        raise NotImplementedError
+
+    async def setup(self) -> None:
+        """Once at start: the loopback device (home of the TEPs) is up."""
+        await self._links()
+        if TEP_DEVICE in self.ifindex:
+            await self.ip.link("set", index=self.ifindex[TEP_DEVICE], state="up")
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def _links(self) -> list[Any]:
+        links = [link async for link in await self.ip.link("dump")]
+        self.ifindex = {link.get("ifname"): link["index"] for link in links}
+        return links
+
+    async def read(self) -> list[KernelObject]:
+        links = await self._links()
+        names = {i: n for n, i in self.ifindex.items()}
+        objects: list[KernelObject] = []
+        for link in links:
+            name = link.get("ifname")
+            if is_own_device(name):
+                objects.append(_device(link))
+        async for a in await self.ip.addr("dump"):
+            if a.get("IFA_LABEL") == TEP_LABEL:
+                objects.append(Address(dev=names.get(a["index"], "?"),
+                                       address=_prefix(a.get("IFA_ADDRESS"), a["prefixlen"],
+                                                       a["family"])))  # fmt: skip
+        for family in (socket.AF_INET, socket.AF_INET6):
+            async for r in await self.ip.route("dump", family=family, table=MAIN_TABLE):
+                if r["proto"] != RTPROT_THORN:
+                    continue
+                via = r.get("RTA_GATEWAY")
+                objects.append(Route(prefix=_prefix(r.get("RTA_DST"), r["dst_len"], family),
+                                     dev=names.get(r.get("RTA_OIF"), "?"), via=via))  # fmt: skip
+        clsact: list[str] = []
+        async for q in await self.ip.tc("dump"):
+            if q.get("TCA_KIND") == "clsact" and q["index"] in names:
+                clsact.append(names[q["index"]])
+        for dev in clsact:
+            if type(self).rule_devices(dev):
+                objects.append(Clsact(dev=dev))
+            filters = [f async for f in await self.ip.get_filters(
+                index=self.ifindex[dev], parent=u32.INGRESS)]  # fmt: skip
+            objects.extend(self._read_filters(dev, filters, names))
+        for dev, index in self.ifindex.items():
+            if dev.startswith("thv"):
+                objects.extend(await self._read_fdb(dev, index))
+        return objects
+
+    def _read_filters(
+        self, dev: str, filters: Sequence[Any], names: dict[int, str]
+    ) -> list[KernelObject]:
+        out: list[KernelObject] = []
+        flower: list[Any] = []
+        for f in filters:
+            prio = f["info"] >> 16
+            if not owned_prio(prio):
+                continue
+            kind = f.get("TCA_KIND")
+            options = f.get("TCA_OPTIONS")
+            if kind == "u32" and options is not None and options.get("TCA_U32_SEL") is not None:
+                out.append(_redirect(dev, prio, options, names))
+            elif kind == "flower":
+                flower.append(f)
+        out.extend(self._read_rules(dev, flower, names))
+        return out
+
+    def _read_rules(
+        self, dev: str, filters: Sequence[Any], names: dict[int, str]
+    ) -> list[KernelObject]:
+        """Driver-specific rules (flower) among `dev`'s filters in THORN's band."""
+        return []
+
+    async def _read_fdb(self, dev: str, index: int) -> list[KernelObject]:
+        out: list[KernelObject] = []
+        async for n in await self.ip.fdb("dump", ifindex=index):
+            if n["ifindex"] != index or n.get("NDA_DST") is None:
+                continue
+            out.append(Fdb(dev=dev, mac=n.get("NDA_LLADDR"), dst=n.get("NDA_DST")))
+        return out
+
+    # --- writing ---------------------------------------------------------------------------
+
+    async def apply(self, changes: Sequence[Change]) -> ApplyReport:
+        report = ApplyReport()
+        await self._links()
+        for change in changes:
+            try:
+                await self._apply(change)
+            except MissingDevice as exc:
+                report.errors.append(ApplyError(change, str(exc)))
+            except NetlinkError as exc:
+                report.errors.append(ApplyError(change, _kernel_message(exc), exc.code))
+            else:
+                report.applied.append(change)
+        return report
+
+    def index_of(self, dev: str, what: KernelObject) -> int:
+        try:
+            return self.ifindex[dev]
+        except KeyError:
+            raise MissingDevice(dev, what) from None
+
+    async def _apply(self, change: Change) -> None:
+        obj = change.obj
+        match obj:
+            case Device():
+                await self._apply_device(change, obj)
+            case Address():
+                await self._apply_address(change, obj)
+            case Route():
+                await self._apply_route(change, obj)
+            case Clsact():
+                await self.ip.tc("add", "clsact", self.index_of(obj.dev, obj))
+            case Redirect():
+                await self._apply_redirect(change, obj)
+            case Fdb():
+                await self._apply_fdb(change, obj)
+            case _:
+                await self._apply_rule(change)
+
+    async def _apply_rule(self, change: Change) -> None:
+        raise NotImplementedError(f"{self.name} driver has no rule kind {type(change.obj)}")
+
+    async def _apply_device(self, change: Change, obj: Device) -> None:
+        if change.op in ("replace", "delete"):
+            # A VXLAN device's identity cannot change in place: delete and create again.
+            await self.ip.link("del", index=self.index_of(obj.name, obj))
+            self.ifindex.pop(obj.name, None)
+        if change.op == "delete":
+            return
+        new = change.new
+        assert isinstance(new, Device)
+        if new.external:
+            await self.ip.link("add", ifname=new.name, kind="vxlan", vxlan_collect_metadata=1,
+                               vxlan_port=new.port)  # fmt: skip
+        else:
+            await self.ip.link("add", ifname=new.name, kind="vxlan", vxlan_id=new.vni,
+                               vxlan_local=new.local, vxlan_port=new.port,
+                               vxlan_learning=0)  # fmt: skip
+        [index] = await self.ip.link_lookup(ifname=new.name)
+        self.ifindex[new.name] = index
+        # No IPv6 link-local address: a tunnel device must not send its own ND/MLD.
+        inet6 = {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", ADDR_GEN_MODE_NONE)]}
+        await self.ip.link("set", index=index, IFLA_AF_SPEC={"attrs": [("AF_INET6", inet6)]})
+        await self.ip.link("set", index=index, state="up")
+
+    async def _apply_address(self, change: Change, obj: Address) -> None:
+        net = ipaddress.ip_interface(obj.address)
+        index = self.index_of(obj.dev, obj)
+        command = "del" if change.op == "delete" else "add"
+        await self.ip.addr(command, index=index, address=str(net.ip),
+                           prefixlen=net.network.prefixlen,
+                           **({"label": TEP_LABEL} if net.version == 4 else {}))  # fmt: skip
+
+    async def _apply_route(self, change: Change, obj: Route) -> None:
+        if change.op == "delete":
+            await self.ip.route("del", dst=obj.prefix, proto=RTPROT_THORN, table=MAIN_TABLE)
+            return
+        kwargs: dict[str, Any] = {"gateway": obj.via} if obj.via else {"scope": SCOPE_LINK}
+        await self.ip.route("replace", dst=obj.prefix, oif=self.index_of(obj.dev, obj),
+                            proto=RTPROT_THORN, table=MAIN_TABLE, **kwargs)  # fmt: skip
+
+    async def _apply_redirect(self, change: Change, obj: Redirect) -> None:
+        index = self.index_of(obj.dev, obj)
+        if change.op in ("replace", "delete"):
+            await _done(await self.ip.nlm_request(
+                u32.delete_message(index, obj.prio), RTM_DELTFILTER,
+                NLM_F_REQUEST | NLM_F_ACK))  # fmt: skip
+        if change.op == "delete":
+            return
+        new = change.new
+        assert isinstance(new, Redirect)
+        actions = u32.mirred_actions(
+            self.index_of(new.to, new), tuple(self.index_of(m, new) for m in new.mirror)
+        )
+        message = u32.filter_message(index, new.prio, u32.mac_keys(new.dst_mac), actions)
+        flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+        await _done(await self.ip.nlm_request(message, RTM_NEWTFILTER, flags))
+
+    async def _apply_fdb(self, change: Change, obj: Fdb) -> None:
+        index = self.index_of(obj.dev, obj)
+        if change.op == "delete":
+            await self.ip.fdb("del", ifindex=index, lladdr=obj.mac, dst=obj.dst)
+            return
+        # The flood list (all-zero MAC) holds one entry per TEP: append; any other MAC has
+        # one entry, which `replace` moves in one message (the emulation's failover).
+        command = "append" if obj.mac == ZERO_MAC else "replace"
+        await self.ip.fdb(command, ifindex=index, lladdr=obj.mac, dst=obj.dst,
+                          flags=NTF_SELF, state=NUD_NOARP_PERMANENT)  # fmt: skip
+
+    async def sysctl(self, path: str, value: str) -> None:
+        """Write /proc/sys/<path> in this datapath's namespace (a thread that enters it)."""
+        await asyncio.to_thread(_write_sysctl, self.netns, path, value)
+
+
+def _write_sysctl(netns: str | None, path: str, value: str) -> None:
+    import threading
+
+    from pyroute2 import netns as pyroute2_netns
+
+    def work() -> None:
+        if netns is not None:
+            pyroute2_netns.setns(netns)  # this thread only
+        with open(f"/proc/sys/{path}", "w") as f:
+            f.write(value)
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # reported to the caller below
+            errors.append(exc)
+
+    # A fresh thread: setns must not leak into the event loop's worker threads.
+    thread = threading.Thread(target=run, name=f"sysctl-{netns}")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+def _kernel_message(exc: NetlinkError) -> str:
+    return str(exc.args[1]) if len(exc.args) > 1 else str(exc)
+
+
+def _device(link: Any) -> Device:
+    data = ("IFLA_LINKINFO", "IFLA_INFO_DATA")
+    external = bool(link.get((*data, "IFLA_VXLAN_COLLECT_METADATA")))
+    return Device(
+        name=link.get("ifname"),
+        kind="vxlan",  # THORN creates no other kind; a foreign kind differs in vni/port
+        vni=None if external else link.get((*data, "IFLA_VXLAN_ID")),
+        local=None if external else link.get((*data, "IFLA_VXLAN_LOCAL")),
+        port=link.get((*data, "IFLA_VXLAN_PORT")) or 0,
+        external=external,
+    )
+
+
+def _redirect(dev: str, prio: int, options: Any, names: dict[int, str]) -> Redirect:
+    try:
+        mac = u32.keys_mac(u32.unpack_selector(u32.raw_attr(options.get_attr("TCA_U32_SEL"))))
+    except ValueError:
+        mac = "?"  # not a selector THORN writes: differs from anything desired, so replaced
+    mirror: list[str] = []
+    to = "?"
+    for _, action in (options.get("TCA_U32_ACT") or {}).get("attrs", []):
+        parms = action.get(("TCA_ACT_OPTIONS", "TCA_MIRRED_PARMS"))
+        if parms is None:
+            continue
+        target = names.get(parms["ifindex"], "?")
+        if parms["eaction"] == u32.MIRRED_EGRESS_MIRROR:
+            mirror.append(target)
+        else:
+            to = target
+    return Redirect(dev=dev, prio=prio, dst_mac=mac, to=to, mirror=tuple(mirror))
