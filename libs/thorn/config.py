@@ -30,6 +30,13 @@ class Settings(BaseSettings):
         64 * MiB, ge=1 * KiB, description="limit for fabric imports and containerlab files"
     )
     node_name: str | None = Field(None, description="the node a programmer agent runs on")
+    lab: str | None = Field(
+        None, description="programmer: run an agent for every node of this fabric lab (prefix)"
+    )
+    datapath: Literal["auto", "flower", "emulation"] = Field(
+        "auto",
+        description="programmer: host datapath driver; auto picks flower if the kernel has it",
+    )
     lease_seconds: float = Field(
         3.0, gt=0.1, le=60, description="leader lease of replicated services (pathcomp)"
     )

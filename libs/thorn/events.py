@@ -37,6 +37,8 @@ FAILOVER_PREFIX = "failover"
 FAILOVER_ALL = "failover.>"
 AGENT_REPORT_PREFIX = "agent.report"
 AGENT_REPORT_ALL = "agent.report.>"
+AGENT_APPLIED_PREFIX = "agent.applied"
+AGENT_APPLIED_ALL = "agent.applied.*"
 
 # What a node name may look like inside a subject: the domain model's Name (letters, digits,
 # '.', '_', '-'), so never a wildcard, whitespace or an empty token.
@@ -67,6 +69,11 @@ def failover_subject(node: str) -> str:
 def agent_report_subject(node: str) -> str:
     """`agent.report.<node>`: where a node's agent sends carrier/BFD/counter reports."""
     return f"{AGENT_REPORT_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def agent_applied_subject(node: str) -> str:
+    """`agent.applied.<node>`: a node's agent tells what it made of its desired state."""
+    return f"{AGENT_APPLIED_PREFIX}.{_subject_name(node, 'node name')}"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -278,12 +285,35 @@ class FailoverEvent(Event):
         return failover_subject(self.node)
 
 
+class DatapathApplied(Event):
+    """Node `node`'s agent reconciled its datapath to desired-state key revision
+    `key_revision` (plan `plan_revision`): how many kernel changes it made, and what failed.
+    Core NATS (not stored): the latest one per node is what matters, and the agent sends one
+    after every reconcile."""
+
+    subject_pattern: ClassVar[str] = AGENT_APPLIED_ALL
+
+    node: str
+    driver: str
+    key_revision: int = Field(ge=0)
+    plan_revision: int = Field(ge=0)
+    changes: int = Field(ge=0)
+    errors: list[str] = Field(default_factory=list)
+    seconds: float = Field(ge=0)
+    at: UtcDatetime
+
+    @property
+    def subject(self) -> str:
+        return agent_applied_subject(self.node)
+
+
 # Subject pattern -> event model. A consumer decodes any message by its subject through this.
 EVENT_TYPES: Mapping[str, type[Event]] = {
     TOPOLOGY_CHANGED: TopologyChanged,
     HEALTH_LINK_ALL: LinkHealthChanged,
     PATHS_CHANGED: PathsChanged,
     FAILOVER_ALL: FailoverEvent,
+    AGENT_APPLIED_ALL: DatapathApplied,
 }
 
 
@@ -339,6 +369,8 @@ def decode(subject: str, data: bytes) -> Event:
 
 
 __all__ = [
+    "AGENT_APPLIED_ALL",
+    "AGENT_APPLIED_PREFIX",
     "AGENT_REPORT_ALL",
     "AGENT_REPORT_PREFIX",
     "DESIRED_STATE_KV",
@@ -355,6 +387,7 @@ __all__ = [
     "STREAM_TOPOLOGY",
     "TOPOLOGY_CHANGED",
     "Change",
+    "DatapathApplied",
     "Event",
     "EventDecodeError",
     "FailoverEvent",
@@ -365,6 +398,7 @@ __all__ = [
     "TopologyChanged",
     "UnknownSubjectError",
     "UtcDatetime",
+    "agent_applied_subject",
     "agent_report_subject",
     "decode",
     "encode",

@@ -9,26 +9,16 @@ datapath itself, reconcile's idempotence, and that failover is one `fdb replace`
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import threading
-import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from pyroute2 import netns as pyroute2_netns
+from twohosts import VNI, TwoHosts, sh, tx_packets, udp_exchange
 
 from thorn.desired import ColourName
 from thorn_programmer.drivers.emulation import EmulationDriver
 from thorn_programmer.drivers.netlink import NetlinkDatapath
-from thorn_programmer.intent import (
-    HostIntent,
-    LocalWorkload,
-    Peer,
-    UnderlayRoute,
-)
+from thorn_programmer.intent import HostIntent, LocalWorkload, UnderlayRoute
 from thorn_programmer.kernel import Fdb, Redirect
 from thorn_programmer.reconcile import plan_changes, reconcile
 
@@ -36,90 +26,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 and os.environ.get("CI") != "true",
     reason="needs root for network namespaces",
 )
-
-VNI = 1000
-PORT = 47000
-
-
-def sh(*args: str) -> str:
-    return subprocess.run(args, check=True, capture_output=True, text=True).stdout
-
-
-def in_netns(ns: str, fn: Callable[[], Any]) -> Any:
-    """Run fn in a fresh thread that has entered `ns` (setns is per thread)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            pyroute2_netns.setns(ns)
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
-
-
-class TwoHosts:
-    """h1 and h2, links red (eth1 <-> eth1) and blue (eth2 <-> eth2), workloads w1, w2."""
-
-    def __init__(self) -> None:
-        tag = uuid.uuid4().hex[:6]
-        self.ns = {n: f"td{tag}-{n}" for n in ("h1", "h2", "w1", "w2")}
-        self.teps: dict[str, dict[ColourName, str]] = {
-            "h1": {"red": "10.224.0.1", "blue": "10.240.0.1"},
-            "h2": {"red": "10.224.0.2", "blue": "10.240.0.2"},
-        }
-        self.macs = {"w1": "06:00:00:00:00:01", "w2": "06:00:00:00:00:02"}
-        self.ips = {"w1": "100.64.0.1", "w2": "100.64.0.2"}
-
-    def up(self) -> None:
-        ns = self.ns
-        for name in ns.values():
-            sh("ip", "netns", "add", name)
-            sh("ip", "-n", name, "link", "set", "dev", "lo", "up")
-        for n, (a, b) in enumerate((("10.0.0.0", "10.0.0.1"), ("10.0.1.0", "10.0.1.1")), 1):
-            sh("ip", "-n", ns["h1"], "link", "add", "name", f"eth{n}", "type", "veth",
-               "peer", "name", f"eth{n}", "netns", ns["h2"])  # fmt: skip
-            sh("ip", "-n", ns["h1"], "addr", "add", f"{a}/31", "dev", f"eth{n}")
-            sh("ip", "-n", ns["h2"], "addr", "add", f"{b}/31", "dev", f"eth{n}")
-            for h in ("h1", "h2"):
-                sh("ip", "-n", ns[h], "link", "set", "dev", f"eth{n}", "up")
-        for h, w in (("h1", "w1"), ("h2", "w2")):
-            sh("ip", "-n", ns[h], "link", "add", "name", "vf0_rep", "type", "veth",
-               "peer", "name", "vf0", "netns", ns[w])  # fmt: skip
-            sh("ip", "-n", ns[h], "link", "set", "dev", "vf0_rep", "up")
-            sh("ip", "-n", ns[w], "link", "set", "dev", "vf0", "address", self.macs[w])
-            sh("ip", "-n", ns[w], "addr", "add", f"{self.ips[w]}/24", "dev", "vf0")
-            sh("ip", "-n", ns[w], "link", "set", "dev", "vf0", "up")
-
-    def down(self) -> None:
-        for name in self.ns.values():
-            subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-    def intent(self, host: str, revision: int = 1, colour: ColourName = "red") -> HostIntent:
-        me, peer = (host, "h2" if host == "h1" else "h1")
-        mine, theirs = ("w1", "w2") if host == "h1" else ("w2", "w1")
-        near, far = ("10.0.0.1", "10.0.1.1") if host == "h1" else ("10.0.0.0", "10.0.1.0")
-        return HostIntent(
-            node=me,
-            revision=revision,
-            teps=self.teps[me],
-            routes=(
-                UnderlayRoute(f"{self.teps[peer]['red']}/32", "eth1", near),
-                UnderlayRoute(f"{self.teps[peer]['blue']}/32", "eth2", far),
-            ),
-            local=(LocalWorkload(mine, VNI, "vf0_rep", self.macs[mine], self.ips[mine]),),
-            peers=(
-                Peer(
-                    theirs, VNI, self.macs[theirs], self.ips[theirs], peer, self.teps[peer], colour
-                ),
-            ),
-        )
 
 
 @pytest.fixture
@@ -130,50 +36,6 @@ def hosts() -> Iterator[TwoHosts]:
         yield lab
     finally:
         lab.down()
-
-
-def udp_exchange(lab: TwoHosts, count: int = 20) -> int:
-    """Send `count` datagrams w1 -> w2 (after one to resolve ARP); how many arrived."""
-    received: list[bytes] = []
-    ready = threading.Event()
-
-    def receive() -> None:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        s.bind((lab.ips["w2"], PORT))
-        s.settimeout(1.0)
-        ready.set()
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(received) < count:
-            try:
-                received.append(s.recv(64))
-            except TimeoutError:
-                continue
-        s.close()
-
-    receiver = threading.Thread(target=in_netns, args=(lab.ns["w2"], receive))
-    receiver.start()
-    ready.wait(5)
-
-    def send() -> None:
-        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        for n in range(count):
-            s.sendto(f"probe {n}".encode(), (lab.ips["w2"], PORT))
-            time.sleep(0.005)
-        s.close()
-
-    in_netns(lab.ns["w1"], send)
-    receiver.join(10)
-    return len(received)
-
-
-def tx_packets(lab: TwoHosts, host: str, dev: str) -> int:
-    out = subprocess.run(
-        ["ip", "-n", lab.ns[host], "-s", "-j", "link", "show", "dev", dev],
-        check=True, capture_output=True, text=True,
-    ).stdout  # fmt: skip
-    import json
-
-    return int(json.loads(out)[0]["stats64"]["tx"]["packets"])
 
 
 async def program(lab: TwoHosts, colour: ColourName = "red") -> None:

@@ -16,13 +16,17 @@ from thorn.events import (
     STREAM_TOPOLOGY,
     STREAMS,
     Change,
+    DatapathApplied,
+    Event,
     EventDecodeError,
     FailoverEvent,
     KeyValueSpec,
     LinkHealthChanged,
     PathsChanged,
+    StreamSpec,
     TopologyChanged,
     UnknownSubjectError,
+    agent_applied_subject,
     agent_report_subject,
     decode,
     encode,
@@ -37,7 +41,7 @@ from thorn.events import (
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 
 
-def sample_events() -> list[TopologyChanged | PathsChanged | LinkHealthChanged | FailoverEvent]:
+def sample_events() -> list[Event]:
     return [
         TopologyChanged(
             revision=4,
@@ -50,6 +54,16 @@ def sample_events() -> list[TopologyChanged | PathsChanged | LinkHealthChanged |
         FailoverEvent(
             node="host-a", peer="host-b", from_colour="red", to_colour="blue", at=AT, reason="bfd"
         ),
+        DatapathApplied(
+            node="host-a",
+            driver="emulation",
+            key_revision=9,
+            plan_revision=3,
+            changes=12,
+            errors=["device 'vf7_rep' does not exist"],
+            seconds=0.012,
+            at=AT,
+        ),
     ]
 
 
@@ -60,6 +74,7 @@ def test_subject_builders_put_the_id_or_node_in_the_last_tokens() -> None:
     assert health_link_subject(17) == "health.link.17"
     assert failover_subject("leaf1") == "failover.leaf1"
     assert agent_report_subject("host-a") == "agent.report.host-a"
+    assert agent_applied_subject("host-a") == "agent.applied.host-a"
 
 
 @pytest.mark.parametrize("bad", ["", "a b", "*", ">", "a.*", "a..b", ".a", "a."])
@@ -100,11 +115,12 @@ def test_subject_matching_follows_nats_wildcards(
 
 
 def test_every_event_subject_is_stored_by_its_stream() -> None:
-    expected = {
+    expected: dict[type[Event], StreamSpec | None] = {
         TopologyChanged: STREAM_TOPOLOGY,
         PathsChanged: STREAM_PATHS,
         LinkHealthChanged: STREAM_HEALTH,
         FailoverEvent: STREAM_FAILOVER,
+        DatapathApplied: None,  # the latest per node matters: core NATS, not stored
     }
     for event in sample_events():
         assert stream_for_subject(event.subject) is expected[type(event)]
@@ -112,6 +128,7 @@ def test_every_event_subject_is_stored_by_its_stream() -> None:
 
 def test_agent_reports_are_not_stored_by_any_stream() -> None:
     assert stream_for_subject(agent_report_subject("host-a")) is None
+    assert stream_for_subject(agent_applied_subject("host-a")) is None
 
 
 def test_streams_have_distinct_names_and_non_overlapping_subjects() -> None:
@@ -150,6 +167,7 @@ def test_the_registry_maps_each_subject_to_its_model() -> None:
         PathsChanged,
         LinkHealthChanged,
         FailoverEvent,
+        DatapathApplied,
     }
 
 

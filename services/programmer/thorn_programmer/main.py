@@ -1,17 +1,16 @@
-"""`thorn-programmer`: programmer: the per-node agent that programs the datapath (core: issue 4)."""
+"""`thorn-programmer`: the per-node agent that programs the datapath from desired state."""
 
 from __future__ import annotations
 
 from thorn.config import Settings
-from thorn.events import PATHS_CHANGED
 from thorn.service import serve, start_logging
-from thorn.shell import shell_app
+from thorn_programmer.app import create_app
 
 
 def main() -> None:
     settings = Settings()
     start_logging(settings)
-    serve(shell_app("programmer", settings, [PATHS_CHANGED]), settings)
+    serve(create_app(settings), settings)
 
 
 if __name__ == "__main__":

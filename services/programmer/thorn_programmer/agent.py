@@ -1,0 +1,310 @@
+"""One node's agent: follows the node's desired state in JetStream KV and reconciles.
+
+It watches `node.<name>` and, for a host, `vni.<vni>.*` of each of its VNIs. Every change
+marks the node dirty; one worker reconciles at a time, so a burst of updates costs one or
+two reconciles, never a queue of them. Nothing is touched before the watch has caught up
+(an agent that starts before its desired state exists leaves the kernel as it is); a
+deleted document removes everything THORN made on the node.
+
+The driver follows the document's kind: a switch's routes go to the switch route driver; a
+host gets the flower driver when the kernel has cls_flower and act_tunnel_key, the
+emulation driver otherwise (`drivers.choose`).
+
+`flip(peer, colour)` is the local fast failover: it moves traffic toward one peer host to
+its other colour straight away (a shared-action replace, or FDB replaces in emulation),
+without reading the kernel or waiting for the controller, and reports a `failover.<node>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from dataclasses import dataclass, field
+
+import structlog
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import TypeAdapter, ValidationError
+
+from thorn.bus import Bus, CaughtUp, DesiredStateEntry, DesiredStateStore
+from thorn.desired import (
+    ColourName,
+    DesiredState,
+    HostState,
+    SwitchState,
+    VniState,
+    node_key,
+)
+from thorn.events import DatapathApplied, FailoverEvent, utcnow
+from thorn_programmer.drivers.netlink import NetlinkDatapath
+from thorn_programmer.intent import (
+    HostIntent,
+    Intent,
+    SwitchIntent,
+    host_intent,
+    switch_intent,
+)
+from thorn_programmer.kernel import diff
+from thorn_programmer.reconcile import ReconcileResult, reconcile
+
+log = structlog.get_logger("thorn.programmer")
+
+RECONCILES = Counter(
+    "thorn_programmer_reconciles_total", "Reconcile runs", ["node", "driver", "result"]
+)
+KERNEL_CHANGES = Counter(
+    "thorn_programmer_kernel_changes_total", "Kernel objects added, replaced or deleted",
+    ["node", "op"],
+)  # fmt: skip
+RECONCILE_SECONDS = Histogram(
+    "thorn_programmer_reconcile_seconds", "Time to read, diff and apply one node",
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30),
+)  # fmt: skip
+APPLIED_REVISION = Gauge(
+    "thorn_programmer_applied_plan_revision", "Plan revision last applied", ["node"]
+)
+FLIPS = Counter("thorn_programmer_local_failovers_total", "Local fast failovers", ["node"])
+BAD_DOCUMENTS = Counter(
+    "thorn_programmer_bad_documents_total", "Desired-state documents that did not validate",
+    ["node"],
+)  # fmt: skip
+
+_DOCUMENT: TypeAdapter[DesiredState] = TypeAdapter(DesiredState)
+
+# (kind, netns) -> the driver, as an async context manager
+DriverFactory = Callable[[str, str | None], AbstractAsyncContextManager[NetlinkDatapath]]
+
+
+@dataclass(slots=True)
+class AgentStatus:
+    node: str
+    netns: str | None
+    driver: str | None = None
+    key_revision: int = 0
+    plan_revision: int | None = None
+    reconciles: int = 0
+    last_changes: int = 0
+    last_errors: list[str] = field(default_factory=list)
+    last_seconds: float = 0.0
+    overrides: dict[str, str] = field(default_factory=dict)
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        node: str,
+        kv: DesiredStateStore,
+        bus: Bus,
+        drivers: DriverFactory,
+        netns: str | None = None,
+    ) -> None:
+        self.node = node
+        self.kv = kv
+        self.bus = bus
+        self.drivers = drivers
+        self.status = AgentStatus(node=node, netns=netns)
+        self._netns = netns
+        self._doc: HostState | SwitchState | None = None
+        self._deleted = False
+        self._received = 0  # the node key's revision last received (status: last applied)
+        self._chunks: dict[tuple[int, int], VniState] = {}
+        self._vni_watches: dict[int, asyncio.Task[None]] = {}
+        self._overrides: dict[str, ColourName] = {}
+        self._dirty = asyncio.Event()
+        self._caught_up = asyncio.Event()
+        self._driver: NetlinkDatapath | None = None
+        self._driver_kind: str | None = None
+        self._stack = AsyncExitStack()
+        self._lock = asyncio.Lock()
+        self._last_intent: Intent | None = None
+        self.reconciled = asyncio.Event()  # set after every reconcile (tests wait on it)
+
+    # --- running ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Watch and reconcile until cancelled."""
+        watcher = asyncio.create_task(self._watch_node(), name=f"watch-{self.node}")
+        try:
+            await self._caught_up.wait()
+            while True:
+                await self._dirty.wait()
+                self._dirty.clear()
+                await self.reconcile_now()
+        finally:
+            watcher.cancel()
+            for task in self._vni_watches.values():
+                task.cancel()
+            await asyncio.gather(watcher, *self._vni_watches.values(), return_exceptions=True)
+            await self._stack.aclose()
+
+    async def _watch_node(self) -> None:
+        async with self.kv.watch(node_key(self.node)) as watch:
+            async for item in watch:
+                if isinstance(item, CaughtUp):
+                    self._caught_up.set()
+                    if self._doc is not None:
+                        self._dirty.set()
+                    continue
+                self._take_node(item)
+
+    def _take_node(self, entry: DesiredStateEntry) -> None:
+        self._received = entry.revision
+        if entry.deleted:
+            self._doc, self._deleted = None, True
+        else:
+            try:
+                doc = _DOCUMENT.validate_json(entry.value or b"")
+            except ValidationError as exc:
+                BAD_DOCUMENTS.labels(self.node).inc()
+                log.error("bad_desired_state", node=self.node, error=str(exc))
+                return  # keep following the last good document
+            if not isinstance(doc, HostState | SwitchState) or doc.node != self.node:
+                BAD_DOCUMENTS.labels(self.node).inc()
+                log.error("desired_state_not_for_this_node", node=self.node)
+                return
+            self._doc, self._deleted = doc, False
+            if isinstance(doc, HostState):
+                self._follow_vnis(set(doc.vnis))
+        if self._caught_up.is_set():
+            self._dirty.set()
+
+    def _follow_vnis(self, vnis: set[int]) -> None:
+        for vni in set(self._vni_watches) - vnis:
+            self._vni_watches.pop(vni).cancel()
+            self._chunks = {k: v for k, v in self._chunks.items() if k[0] != vni}
+        for vni in vnis - set(self._vni_watches):
+            self._vni_watches[vni] = asyncio.create_task(
+                self._watch_vni(vni), name=f"watch-{self.node}-vni-{vni}"
+            )
+
+    async def _watch_vni(self, vni: int) -> None:
+        async with self.kv.watch(f"vni.{vni}.*") as watch:
+            async for item in watch:
+                if isinstance(item, CaughtUp):
+                    self._dirty.set()
+                    continue
+                chunk_no = int(item.node.rsplit(".", 1)[1])
+                if item.deleted:
+                    self._chunks.pop((vni, chunk_no), None)
+                else:
+                    try:
+                        self._chunks[(vni, chunk_no)] = item.decode(VniState)
+                    except ValidationError as exc:
+                        BAD_DOCUMENTS.labels(self.node).inc()
+                        log.error("bad_vni_state", node=self.node, vni=vni, error=str(exc))
+                        continue
+                if self._caught_up.is_set():
+                    self._dirty.set()
+
+    # --- reconciling -----------------------------------------------------------------------
+
+    def intent(self) -> Intent | None:
+        doc = self._doc
+        if doc is None:
+            return None
+        if isinstance(doc, SwitchState):
+            return switch_intent(doc)
+        self._overrides = {
+            peer: colour
+            for peer, colour in self._overrides.items()
+            if not (colour == "blue" and peer in doc.blue_peers)  # the controller agrees
+        }
+        return host_intent(doc, self._chunks.values(), self._overrides)
+
+    async def _driver_for(self, kind: str) -> NetlinkDatapath:
+        if self._driver is None or self._driver_kind != kind:
+            await self._stack.aclose()
+            self._stack = AsyncExitStack()
+            driver = await self._stack.enter_async_context(self.drivers(kind, self._netns))
+            await driver.setup()
+            self._driver, self._driver_kind = driver, kind
+            self.status.driver = driver.name
+            log.info("datapath_driver", node=self.node, driver=driver.name)
+            return driver
+        return self._driver
+
+    async def reconcile_now(self) -> ReconcileResult | None:
+        async with self._lock:
+            received = self._received
+            intent = self.intent()
+            if intent is None and not self._deleted:
+                return None
+            if intent is None:  # the node left the fabric: remove what THORN made
+                if self._driver is None:
+                    return None
+                intent = _empty(self._last_intent, self.node)
+            kind = "host" if isinstance(intent, HostIntent) else "switch"
+            driver = await self._driver_for(kind)
+            result = await reconcile(driver, intent)
+            self._last_intent = intent
+            self.status.key_revision = received
+            self._record(result)
+        self.reconciled.set()
+        self.reconciled = asyncio.Event()
+        await self._report(result)
+        return result
+
+    def _record(self, result: ReconcileResult) -> None:
+        s = self.status
+        s.reconciles += 1
+        s.plan_revision = result.revision
+        s.last_changes = len(result.applied)
+        s.last_errors = [e.message for e in result.errors]
+        s.last_seconds = result.seconds
+        s.overrides = dict(self._overrides)
+        RECONCILES.labels(self.node, result.driver, "ok" if result.ok else "error").inc()
+        RECONCILE_SECONDS.observe(result.seconds)
+        APPLIED_REVISION.labels(self.node).set(result.revision)
+        for change in result.applied:
+            KERNEL_CHANGES.labels(self.node, change.op).inc()
+        level = log.warning if result.errors else log.info
+        level("reconciled", node=self.node, driver=result.driver, revision=result.revision,
+              changes=len(result.applied), errors=s.last_errors[:5],
+              ms=round(result.seconds * 1000, 2))  # fmt: skip
+
+    async def _report(self, result: ReconcileResult) -> None:
+        event = DatapathApplied(
+            node=self.node, driver=result.driver, key_revision=self.status.key_revision,
+            plan_revision=result.revision, changes=len(result.applied),
+            errors=self.status.last_errors, seconds=result.seconds, at=utcnow(),
+        )  # fmt: skip
+        with contextlib.suppress(Exception):  # a report lost while NATS is away is resent next time
+            await self.bus.publish(event)
+
+    # --- local fast failover -----------------------------------------------------------------
+
+    async def flip(self, peer: str, colour: ColourName, reason: str) -> float:
+        """Send traffic toward `peer` on `colour` now. Returns the seconds the kernel took."""
+        async with self._lock:
+            before = self._last_intent
+            if not isinstance(before, HostIntent) or self._driver is None:
+                raise RuntimeError(f"{self.node}: no host datapath to fail over yet")
+            previous = next((p.colour for p in before.peers if p.host == peer), None)
+            if previous is None:
+                raise LookupError(f"{self.node} has no peer host {peer!r}")
+            self._overrides[peer] = colour
+            after = self.intent()
+            assert isinstance(after, HostIntent)
+            driver = self._driver
+            changes = diff(driver.render(after), driver.render(before))
+            start = time.perf_counter()
+            report = await driver.apply(changes)
+            seconds = time.perf_counter() - start
+            self._last_intent = after
+        FLIPS.labels(self.node).inc()
+        if report.errors:
+            log.error("failover_errors", node=self.node, peer=peer,
+                      errors=[e.message for e in report.errors])  # fmt: skip
+        with contextlib.suppress(Exception):
+            event = FailoverEvent(node=self.node, peer=peer, from_colour=previous,
+                                  to_colour=colour, at=utcnow(), reason=reason)  # fmt: skip
+            await self.bus.publish(event)
+        return seconds
+
+
+def _empty(last: Intent | None, node: str) -> Intent:
+    if isinstance(last, HostIntent):
+        return HostIntent(node=node, revision=last.revision, teps={}, routes=(), local=(), peers=())
+    return SwitchIntent(node=node, revision=last.revision if last else 0, routes=())
