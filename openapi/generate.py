@@ -19,9 +19,10 @@ from typing import Any
 from fastapi import FastAPI
 
 from thorn.config import Settings
-from thorn.events import PATHS_CHANGED, TOPOLOGY_CHANGED
+from thorn.events import TOPOLOGY_CHANGED
 from thorn.shell import shell_app
 from thorn_pathcomp.app import create_app as pathcomp_app
+from thorn_programmer.app import create_app as programmer_app
 from thorn_topology.app import create_app as topology_app
 
 DOCUMENT = Path(__file__).with_name("openapi.json")
@@ -32,7 +33,7 @@ def service_apps(settings: Settings) -> list[FastAPI]:
         topology_app(settings),
         shell_app("health", settings, [TOPOLOGY_CHANGED]),
         pathcomp_app(settings),
-        shell_app("programmer", settings, [PATHS_CHANGED]),
+        programmer_app(settings.model_copy(update={"node_name": "openapi"})),
     ]
 
 
