@@ -37,6 +37,9 @@ class Settings(BaseSettings):
         "auto",
         description="programmer: host datapath driver; auto picks flower if the kernel has it",
     )
+    stage_ack_seconds: float = Field(
+        2.0, gt=0, le=60, description="pathcomp: longest wait for agents to apply one stage"
+    )
     lease_seconds: float = Field(
         3.0, gt=0.1, le=60, description="leader lease of replicated services (pathcomp)"
     )

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
@@ -21,10 +23,17 @@ from fastapi import FastAPI
 from pydantic import TypeAdapter
 
 from thorn.auth import hash_token
-from thorn.bus import Bus
+from thorn.bus import Bus, CaughtUp
 from thorn.config import Settings
 from thorn.desired import DesiredState, HostState, SwitchState, node_key
-from thorn.events import PATHS_CHANGED, Event, LinkHealthChanged, PathsChanged, TopologyChanged
+from thorn.events import (
+    PATHS_CHANGED,
+    DatapathApplied,
+    Event,
+    LinkHealthChanged,
+    PathsChanged,
+    TopologyChanged,
+)
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.model import AdminState, LinkUpdate, TokenRole
@@ -277,3 +286,101 @@ async def test_a_drain_announced_on_topology_changed_is_replanned_incrementally(
             assert used not in after.json()["red"]["links"] + after.json()["blue"]["links"]
             # host2 is now single-homed: both colours cross its remaining link.
             assert after.json()["status"] == "degraded"
+
+
+class StandInAgents:
+    """Plays every node's agent on the bus: reports a key revision as applied `delay` after
+    it was written (the real agent's side of this contract is tested in tests/fabric)."""
+
+    def __init__(self, bus: Bus, delay: float, silent: set[str] | None = None) -> None:
+        self.bus, self.delay, self.silent = bus, delay, silent or set()
+        self.writes: list[tuple[float, str, int]] = []  # (when, node, revision)
+        self.acks: dict[tuple[str, int], float] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def hello(self, nodes: list[str]) -> None:
+        """Each agent reports once, as running agents do: pathcomp now waits for them."""
+        for node in nodes:
+            await self.bus.publish(self._applied(node, 0))
+
+    def _applied(self, node: str, revision: int) -> DatapathApplied:
+        return DatapathApplied(
+            node=node, driver="stand-in", key_revision=revision, plan_revision=0, changes=0,
+            seconds=0.0, at=datetime.now(UTC),
+        )  # fmt: skip
+
+    async def follow(self) -> None:
+        kv = await self.bus.desired_state()
+        async with kv.watch() as watch:
+            async for item in watch:
+                if isinstance(item, CaughtUp) or not item.node.startswith("node."):
+                    continue
+                node = item.node.removeprefix("node.")
+                self.writes.append((time.monotonic(), node, item.revision))
+                if node not in self.silent:
+                    task = asyncio.create_task(self._ack(node, item.revision))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+
+    async def _ack(self, node: str, revision: int) -> None:
+        await asyncio.sleep(self.delay)
+        self.acks[(node, revision)] = time.monotonic()
+        await self.bus.publish(self._applied(node, revision))
+
+
+async def test_each_stage_waits_until_the_agents_applied_the_one_before(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    agents = StandInAgents(bus, delay=0.2)
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        follower = asyncio.create_task(agents.follow())
+        stack.callback(follower.cancel)
+        await agents.hello(sorted((await fabric_store.load()).nodes))
+        await asyncio.sleep(0.3)
+        agents.writes.clear()
+        async with client(app) as api:
+            before = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+        used = before.json()["red"]["links"][1]
+        await bus.publish(LinkHealthChanged(link_id=used, state="down", previous="up",
+                                            at=datetime.now(UTC), source="test"))  # fmt: skip
+        await until(lambda: service.revision == 2, "plan revision 2")
+        await asyncio.sleep(0.3)
+    # Writes come in stages: a write follows the acks of every write made before its stage.
+    writes = sorted(agents.writes)
+    stages: list[list[tuple[float, str, int]]] = []
+    for write in writes:
+        if stages and write[0] - stages[-1][-1][0] < 0.1:
+            stages[-1].append(write)
+        else:
+            stages.append([write])
+    assert len(stages) >= 2, writes
+    for earlier, later in itertools.pairwise(stages):
+        acked = max(agents.acks[(node, rev)] for _, node, rev in earlier)
+        assert later[0][0] >= acked, (earlier, later)
+
+
+async def test_a_silent_agent_delays_a_stage_by_the_timeout_only(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    fabric = await fabric_store.load()
+    switches = sorted(n for n, node in fabric.nodes.items() if node.role.value == "switch")
+    agents = StandInAgents(bus, delay=0.0, silent=set(switches))
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        service.stage_timeout = 0.3
+        follower = asyncio.create_task(agents.follow())
+        stack.callback(follower.cancel)
+        await agents.hello(sorted(fabric.nodes))
+        await asyncio.sleep(0.2)
+        async with client(app) as api:
+            before = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+        used = before.json()["red"]["links"][1]
+        start = time.monotonic()
+        await bus.publish(LinkHealthChanged(link_id=used, state="down", previous="up",
+                                            at=datetime.now(UTC), source="test"))  # fmt: skip
+        await until(lambda: service.revision == 2, "plan revision 2")
+        took = time.monotonic() - start
+    assert 0.3 <= took < 5, "the plan goes ahead after the stage timeout"

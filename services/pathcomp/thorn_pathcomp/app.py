@@ -10,7 +10,14 @@ from fastapi import FastAPI
 
 from thorn.bus import Bus
 from thorn.config import Settings
-from thorn.events import HEALTH_LINK_ALL, TOPOLOGY_CHANGED, LinkHealthChanged, TopologyChanged
+from thorn.events import (
+    AGENT_APPLIED_ALL,
+    HEALTH_LINK_ALL,
+    TOPOLOGY_CHANGED,
+    DatapathApplied,
+    LinkHealthChanged,
+    TopologyChanged,
+)
 from thorn.leader import LeaderElection
 from thorn.service import open_store_and_bus
 from thorn.store import Store
@@ -39,7 +46,10 @@ def create_app(
             )
             await election.start()
             stack.push_async_callback(election.close)
-            service = PathService(the_store, kv, the_bus, lambda: election.is_leader)
+            service = PathService(
+                the_store, kv, the_bus, lambda: election.is_leader,
+                stage_timeout=settings.stage_ack_seconds,
+            )  # fmt: skip
             app.state.pathcomp = service
             app.state.token_lookup = the_store.token_by_hash
             await service.recompute("start")
@@ -52,6 +62,10 @@ def create_app(
 
             await the_bus.subscribe(TOPOLOGY_CHANGED, topology, model=TopologyChanged)
             await the_bus.subscribe(HEALTH_LINK_ALL, health, model=LinkHealthChanged)
+            # Agents' reports pace the staged writes (make-before-break).
+            await the_bus.subscribe(
+                AGENT_APPLIED_ALL, service.acks.on_applied, model=DatapathApplied
+            )
             log.info("pathcomp_ready", candidate=election.candidate_id)
             yield
 

@@ -22,6 +22,7 @@ from thorn.desired import node_key
 from thorn.events import LinkHealthChanged, PathsChanged, TopologyChanged, utcnow
 from thorn.fabric import Fabric
 from thorn.store import Store
+from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.desired import DesiredStates, diff
 from thorn_pathcomp.plan import Plan, PlanUpdate
 
@@ -66,8 +67,12 @@ class PathService:
         kv: KeyValue | None,
         bus: Publisher | None,
         is_leader: Callable[[], bool] = lambda: True,
+        acks: AgentAcks | None = None,
+        stage_timeout: float = 2.0,
     ) -> None:
         self.store = store
+        self.acks = acks or AgentAcks()
+        self.stage_timeout = stage_timeout
         self.kv = kv
         self.bus = bus
         self.is_leader = is_leader
@@ -199,14 +204,22 @@ class PathService:
                         await self.kv.put(key, document)
                         self._vni_written[key] = document
                         published += 1
-            for stage in sorted({s for c in changes for s in c.stages}):
-                # Destination outward: a stage is written only after the lower ones.
+            stages = sorted({s for c in changes for s in c.stages})
+            for n, stage in enumerate(stages):
+                # Destination outward: a stage is written only after the lower ones are
+                # written and applied by their (live) agents.
+                written: dict[str, int] = {}
                 for change in changes:
                     if stage in change.stages:
-                        await self.kv.put(
+                        written[change.node] = await self.kv.put(
                             node_key(change.node), states.document_at(change.node, stage)
                         )
                         published += 1
+                if n + 1 < len(stages) and (
+                    late := await self.acks.wait(written, self.stage_timeout)
+                ):
+                    log.warning("stage_not_acknowledged", stage=stage, late=late[:10],
+                                count=len(late))  # fmt: skip
             KV_WRITES.inc(published)
         self.revision += 1
         self.fabric, self.plan, self.states = fabric, plan, states

@@ -1,0 +1,63 @@
+"""What each node's agent last applied, so that staged writes wait for the stage before.
+
+Make-before-break needs more than writing stage n+1 after stage n: the switches of stage n
+must have *installed* their routes before their upstream neighbours point at them. Agents
+report every reconcile on `agent.applied.<node>` with the KV revision they applied; the
+writer waits, after each stage, until every node written in it has reported that revision.
+
+Only agents that are alive are waited for (one that reported within `live_for` seconds):
+a fabric whose agents are not running (a controller with no datapath, a node being
+replaced) must not stall every plan for the full timeout. A stage that is not acknowledged
+in time is reported and the next one goes ahead: a late agent is better than a frozen
+fabric.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+
+from prometheus_client import Counter
+
+from thorn.events import DatapathApplied
+
+LATE_STAGES = Counter(
+    "thorn_pathcomp_stage_ack_timeouts_total", "Staged writes that went ahead without every ack"
+)
+
+
+class AgentAcks:
+    def __init__(self, live_for: float = 60.0, clock: Callable[[], float] = time.monotonic):
+        self.live_for = live_for
+        self.clock = clock
+        self.applied: dict[str, int] = {}  # node -> key revision its agent last applied
+        self.seen: dict[str, float] = {}  # node -> when its agent last reported
+        self._changed = asyncio.Condition()
+
+    async def on_applied(self, event: DatapathApplied) -> None:
+        self.applied[event.node] = max(self.applied.get(event.node, 0), event.key_revision)
+        self.seen[event.node] = self.clock()
+        async with self._changed:
+            self._changed.notify_all()
+
+    def live(self, node: str) -> bool:
+        seen = self.seen.get(node)
+        return seen is not None and self.clock() - seen <= self.live_for
+
+    def missing(self, written: Mapping[str, int]) -> list[str]:
+        """Live nodes that have not yet applied the revision written for them."""
+        return sorted(
+            node
+            for node, revision in written.items()
+            if self.live(node) and self.applied.get(node, 0) < revision
+        )
+
+    async def wait(self, written: Mapping[str, int], within: float) -> list[str]:
+        """Wait until every live node applied its revision; returns the late ones."""
+        try:
+            async with asyncio.timeout(within), self._changed:
+                await self._changed.wait_for(lambda: not self.missing(written))
+        except TimeoutError:
+            LATE_STAGES.inc()
+        return self.missing(written)
