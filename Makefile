@@ -29,9 +29,10 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy)
+## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy, and the
+## fabric lane: network namespaces on this kernel, as root)
 test: venv test-deps lint
-	$(BIN)/pytest -q tests/unit tests/integration tests/deploy
+	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric
 
 ## openapi: write the merged OpenAPI document of all services
 openapi: venv

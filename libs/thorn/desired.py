@@ -93,6 +93,10 @@ class VniState(_Doc):
 
 DesiredState = Annotated[SwitchState | HostState | VniState, Field(discriminator="kind")]
 
+# A host's TEPs sit on its loopback with this label: the programmer owns addresses labelled
+# so (and the lab, which builds nodes as the programmer would, labels them the same way).
+TEP_LABEL = "lo:thorn"
+
 VNI_CHUNK = 1000  # members per VniState: ~130 kB, well inside NATS's 1 MB message limit
 
 

@@ -15,6 +15,7 @@ Commands
     generate --list        generators and their parameters (also: `generators`)
     summary, whoami
     nodes list|show, links list|show|drain|undrain, tokens list|create|revoke, audit
+    lab up|down|status|fail|restore|traffic   the fabric lab in namespaces (docs/lab.md)
 
 Exit codes (BSD sysexits where one fits)
     0   success
@@ -55,6 +56,7 @@ from typer.core import TyperGroup
 from thorn.cli.client import API, Client
 from thorn.cli.errors import CliError, ExitCode
 from thorn.cli.files import Document, InputFormat, load_document, write_text
+from thorn.cli.lab import lab_app
 from thorn.cli.render import Out, OutputFormat, page_caption, to_json, to_yaml
 from thorn.model import AdminState, Role, TokenRole
 
@@ -106,6 +108,7 @@ tokens_app = typer.Typer(help="API tokens (admin role).", no_args_is_help=True)
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(links_app, name="links")
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(lab_app, name="lab")
 
 
 @dataclass

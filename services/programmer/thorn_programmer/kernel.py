@@ -28,7 +28,7 @@ PRIO_BAND = 0x400
 ACTION_INDEX_BASE = 0x54480000  # "TH": indexes of THORN's shared tc actions
 ACTION_INDEX_BAND = 0x10000
 TEP_DEVICE = "lo"  # the TEPs live on the loopback device (not every kernel has dummy) ...
-TEP_LABEL = "lo:thorn"  # ... labelled, so THORN knows its own addresses from others
+# ... labelled (TEP_LABEL, from thorn.desired), so THORN knows its own addresses
 VXLAN_PORT = 4789
 ZERO_MAC = "00:00:00:00:00:00"  # FDB: the flood list (ingress replication)
 BROADCAST_MAC = "ff:ff:ff:ff:ff:ff"

@@ -24,6 +24,7 @@ from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
 
+from thorn.desired import TEP_LABEL
 from thorn_programmer import u32
 from thorn_programmer.intent import Intent
 from thorn_programmer.kernel import (
@@ -31,7 +32,6 @@ from thorn_programmer.kernel import (
     PRIO_BASE,
     RTPROT_THORN,
     TEP_DEVICE,
-    TEP_LABEL,
     ZERO_MAC,
     Address,
     Change,

@@ -1,0 +1,139 @@
+"""The traffic meter's accounting (pure): loss, reordering, duplicates, the longest gap.
+
+Definitions, for a stream of `count` packets numbered 0..count-1:
+    received    distinct sequence numbers that arrived;
+    lost        sent - received (a packet the sender's kernel refused counts as sent);
+    duplicates  arrivals of a sequence number already received;
+    reordered   arrivals (not duplicates) below the highest number received so far;
+    gap         the time between two consecutive arrivals, from the kernel's receive
+                timestamps (SO_TIMESTAMPNS), so Python's scheduling does not blur it.
+RoCE PSNs are 24 bits: each is unwrapped to the value nearest the highest one seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from thorn.lab.packets import PSN_MODULUS
+
+__all__ = ["MAX_RANGES", "Meter", "MeterResult", "unwrap_psn"]
+
+MAX_RANGES = 20
+
+
+def unwrap_psn(psn: int, reference: int) -> int:
+    """The integer congruent to `psn` mod 2^24 nearest `reference` (an unwrapped PSN)."""
+    candidate = reference - (reference % PSN_MODULUS) + psn
+    if candidate - reference > PSN_MODULUS // 2:
+        candidate -= PSN_MODULUS
+    elif reference - candidate > PSN_MODULUS // 2:
+        candidate += PSN_MODULUS
+    return candidate
+
+
+@dataclass(frozen=True)
+class MeterResult:
+    received: int
+    duplicates: int
+    reordered: int
+    strays: int  # ours by stream id, but a sequence number outside the stream
+    first_rx_ns: int | None
+    last_rx_ns: int | None
+    max_gap_ns: int
+    max_gap_start_ns: int | None  # arrival time of the packet before the longest gap
+    max_gap_before_seq: int | None
+    max_gap_after_seq: int | None
+    lost_ranges: list[tuple[int, int]]  # the first MAX_RANGES runs of missing numbers
+    lost_ranges_total: int  # how many runs in all
+
+
+class Meter:
+    def __init__(self, count: int, *, start_psn: int | None = None) -> None:
+        """`start_psn`: the stream is RoCE and its first packet carries this PSN."""
+        self.count = count
+        self.start_psn = start_psn
+        self._highest_psn = start_psn
+        self._seen = bytearray((count + 7) // 8)
+        self.received = 0
+        self.duplicates = 0
+        self.reordered = 0
+        self.strays = 0
+        self._highest = -1
+        self._first: int | None = None
+        self._last: int | None = None
+        self._last_seq: int | None = None
+        self._gap = 0
+        self._gap_start: int | None = None
+        self._gap_before: int | None = None
+        self._gap_after: int | None = None
+
+    def _sequence(self, raw: int) -> int:
+        if self.start_psn is None or self._highest_psn is None:
+            return raw
+        unwrapped = unwrap_psn(raw, self._highest_psn)
+        self._highest_psn = max(self._highest_psn, unwrapped)
+        return unwrapped - self.start_psn
+
+    def observe(self, raw_seq: int, rx_ns: int) -> None:
+        """One arrival: its sequence number (or PSN) and kernel receive time."""
+        seq = self._sequence(raw_seq)
+        if not 0 <= seq < self.count:
+            self.strays += 1
+            return
+        if self._last is not None:
+            gap = rx_ns - self._last
+            if gap > self._gap:
+                self._gap = gap
+                self._gap_start = self._last
+                self._gap_before = self._last_seq
+                self._gap_after = seq
+        if self._first is None:
+            self._first = rx_ns
+        self._last = rx_ns
+        self._last_seq = seq
+        byte, bit = divmod(seq, 8)
+        if self._seen[byte] & (1 << bit):
+            self.duplicates += 1
+            return
+        self._seen[byte] |= 1 << bit
+        self.received += 1
+        if seq < self._highest:
+            self.reordered += 1
+        else:
+            self._highest = seq
+
+    def missing(self, sent: int) -> tuple[list[tuple[int, int]], int]:
+        """Runs [first, last] of sequence numbers below `sent` that never arrived."""
+        ranges: list[tuple[int, int]] = []
+        total = 0
+        start: int | None = None
+        for seq in range(min(sent, self.count) + 1):
+            here = seq < min(sent, self.count) and bool(self._seen[seq >> 3] & (1 << (seq & 7)))
+            if seq < min(sent, self.count) and not here:
+                if start is None:
+                    start = seq
+                continue
+            if start is not None:
+                total += 1
+                if len(ranges) < MAX_RANGES:
+                    ranges.append((start, seq - 1))
+                start = None
+        return ranges, total
+
+    def result(self, sent: int | None = None) -> MeterResult:
+        """The accounting so far; `sent` (default: the whole stream) bounds the lost runs."""
+        ranges, total = self.missing(self.count if sent is None else sent)
+        return MeterResult(
+            received=self.received,
+            duplicates=self.duplicates,
+            reordered=self.reordered,
+            strays=self.strays,
+            first_rx_ns=self._first,
+            last_rx_ns=self._last,
+            max_gap_ns=self._gap,
+            max_gap_start_ns=self._gap_start,
+            max_gap_before_seq=self._gap_before,
+            max_gap_after_seq=self._gap_after,
+            lost_ranges=ranges,
+            lost_ranges_total=total,
+        )

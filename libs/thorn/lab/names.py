@@ -1,0 +1,111 @@
+"""Names in a lab: namespaces, interfaces, the state directory. Pure functions, no I/O.
+
+A lab is identified by its prefix (default ``thorn``): lowercase letters and digits, no
+``-``, so ``<prefix>-`` never starts another lab's names and two labs (or a test's lab and
+a person's) coexist on one machine.
+
+- a fabric node ``N`` lives in the network namespace ``<prefix>-N``;
+- a workload ``W`` lives in ``<prefix>-w-W``;
+- inside a namespace, interfaces keep the fabric's names (``swp1``, ``eth1``, ``vf0``), so
+  the 15-character limit applies to port names only, never to the prefix. A port name
+  that is not a valid Linux interface name (``Ethernet1/1``, or longer than 15
+  characters) is mapped to one (`port_ifname`);
+- a workload's VF netdev is named as the workload's ``vf``; its representor in the host
+  namespace is ``<vf>_rep`` (`representor_ifname`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "LOOPBACK",
+    "MAX_IFNAME",
+    "NETNS_DIR",
+    "STATE_ROOT",
+    "check_prefix",
+    "is_lab_namespace",
+    "node_namespace",
+    "port_ifname",
+    "representor_ifname",
+    "state_dir",
+    "valid_ifname",
+    "workload_namespace",
+]
+
+DEFAULT_PREFIX = "thorn"
+MAX_IFNAME = 15  # IFNAMSIZ - 1
+LOOPBACK = "lo"
+NETNS_DIR = Path("/run/netns")  # where iproute2 (`ip netns`) keeps named namespaces
+STATE_ROOT = Path("/run/thorn-lab")  # tmpfs: a lab does not survive a reboot, nor its state
+
+_PREFIX = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+_IFNAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$")
+_NOT_IFNAME_CHAR = re.compile(r"[^A-Za-z0-9._-]")
+_REP_SUFFIX = "_rep"
+_HASH_CHARS = 4
+
+
+def check_prefix(prefix: str) -> str:
+    """Return `prefix` if it is a valid lab prefix, else raise ValueError saying why."""
+    if not _PREFIX.match(prefix):
+        raise ValueError(
+            f"lab prefix '{prefix}' must be 1-16 lowercase letters and digits, starting with "
+            "a letter (no '-': it separates the prefix from node names)"
+        )
+    return prefix
+
+
+def node_namespace(prefix: str, node: str) -> str:
+    return f"{prefix}-{node}"
+
+
+def workload_namespace(prefix: str, workload: str) -> str:
+    return f"{prefix}-w-{workload}"
+
+
+def is_lab_namespace(prefix: str, namespace: str) -> bool:
+    """Whether `namespace` belongs to the lab `prefix` (prefixes contain no '-')."""
+    return namespace.startswith(f"{prefix}-")
+
+
+def state_dir(prefix: str) -> Path:
+    return STATE_ROOT / prefix
+
+
+def valid_ifname(name: str) -> bool:
+    """A name the kernel accepts and that is safe in `ip` commands (no '/', ':', spaces)."""
+    return bool(_IFNAME.match(name))
+
+
+def _short_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:_HASH_CHARS]
+
+
+def port_ifname(port: str) -> str:
+    """The interface name of fabric port `port`: the port name itself when Linux allows it.
+
+    Otherwise invalid characters become '_' (``Ethernet1/1`` -> ``Ethernet1_1``), and a
+    name still too long keeps its first 10 characters plus '-' and 4 hex digits of a hash
+    of the original name, so different long names stay different.
+    """
+    if valid_ifname(port):
+        return port
+    cleaned = _NOT_IFNAME_CHAR.sub("_", port)
+    if valid_ifname(cleaned):
+        return cleaned
+    head = MAX_IFNAME - _HASH_CHARS - 1
+    return f"{cleaned[:head]}-{_short_hash(port)}"
+
+
+def representor_ifname(vf: str) -> str:
+    """The representor of VF netdev `vf` in the host namespace: ``<vf>_rep``, shortened
+    (first characters plus a hash) when that would exceed 15 characters."""
+    name = f"{vf}{_REP_SUFFIX}"
+    if len(name) <= MAX_IFNAME:
+        return name
+    head = MAX_IFNAME - _HASH_CHARS - len(_REP_SUFFIX)
+    return f"{vf[:head]}{_short_hash(vf)}{_REP_SUFFIX}"

@@ -1,0 +1,228 @@
+"""The lab's only contact with pyroute2 (untyped): a small typed facade over rtnetlink.
+
+An `Rtnl` is bound to the namespace it was opened in (`Rtnl.open(namespace)` makes the
+netlink socket inside it); every call is one request/answer on that socket. Netlink
+errors come out as `OSError` with the kernel's errno.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Self
+
+from pyroute2 import IPRoute  # type: ignore[import-untyped,unused-ignore]
+from pyroute2.netlink.exceptions import (  # type: ignore[import-untyped,unused-ignore]
+    NetlinkError,
+)
+
+from thorn.lab import netns
+
+__all__ = ["LinkState", "Rtnl"]
+
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+ETH_P_ALL = 0x0003
+CLSACT_INGRESS = 0xFFFFFFF2  # TC_H_MAKE(TC_H_CLSACT, TC_H_MIN_INGRESS)
+FAULT_PREF = 1  # ingress filter priority the lab reserves for injected faults
+FAULT_HANDLE = 1
+
+
+@dataclass(frozen=True)
+class LinkState:
+    index: int
+    ifname: str
+    kind: str | None  # "veth", None for lo
+    mac: str | None
+    admin_up: bool  # IFF_UP: what `ip link set ... up|down` sets
+    carrier: bool  # IFF_LOWER_UP: for a veth, whether the peer is admin up
+    operstate: str  # RFC 2863 as the kernel reports it: UP, DOWN, LOWERLAYERDOWN, UNKNOWN
+    rx_packets: int
+    tx_packets: int
+    rx_dropped: int
+    tx_dropped: int
+
+
+@contextmanager
+def _errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except NetlinkError as exc:
+        code = int(exc.code)
+        raise OSError(code, f"{what}: {os.strerror(code)}") from None
+
+
+def _link_state(msg: Any) -> LinkState:
+    info = msg.get_attr("IFLA_LINKINFO")
+    kind = info.get_attr("IFLA_INFO_KIND") if info is not None else None
+    stats = msg.get_attr("IFLA_STATS64") or {}
+    flags = int(msg["flags"])
+    mac = msg.get_attr("IFLA_ADDRESS")
+    return LinkState(
+        index=int(msg["index"]),
+        ifname=str(msg.get_attr("IFLA_IFNAME")),
+        kind=str(kind) if kind is not None else None,
+        mac=str(mac) if mac else None,
+        admin_up=bool(flags & IFF_UP),
+        carrier=bool(flags & IFF_LOWER_UP),
+        operstate=str(msg.get_attr("IFLA_OPERSTATE") or "UNKNOWN"),
+        rx_packets=int(stats.get("rx_packets", 0)),
+        tx_packets=int(stats.get("tx_packets", 0)),
+        rx_dropped=int(stats.get("rx_dropped", 0)),
+        tx_dropped=int(stats.get("tx_dropped", 0)),
+    )
+
+
+class Rtnl:
+    """rtnetlink in one namespace (or the caller's, for `namespace=None`)."""
+
+    def __init__(self, ipr: Any, namespace: str | None) -> None:
+        self._ipr = ipr
+        self.namespace = namespace
+
+    @classmethod
+    def open(cls, namespace: str | None = None) -> Self:
+        if namespace is None:
+            return cls(IPRoute(), None)
+        with netns.entered(namespace):
+            return cls(IPRoute(), namespace)
+
+    def close(self) -> None:
+        self._ipr.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- links ---------------------------------------------------------------------------
+
+    def links(self) -> dict[str, LinkState]:
+        with _errors(f"list links in {self.namespace}"):
+            return {s.ifname: s for s in map(_link_state, self._ipr.get_links())}
+
+    def add_veth(
+        self,
+        a: tuple[str, int, str | None],
+        b: tuple[str, int, str | None],
+    ) -> None:
+        """One veth pair made directly in two namespaces: each end (ifname, netns fd, MAC
+        or None) is created where it belongs, so no name ever appears in this namespace."""
+        (a_name, a_fd, a_mac), (b_name, b_fd, b_mac) = a, b
+        peer: dict[str, Any] = {"ifname": b_name, "net_ns_fd": b_fd}
+        if b_mac:
+            peer["address"] = b_mac
+        extra: dict[str, Any] = {"address": a_mac} if a_mac else {}
+        with _errors(f"create veth {a_name}/{b_name}"):
+            self._ipr.link("add", ifname=a_name, kind="veth", net_ns_fd=a_fd, peer=peer, **extra)
+
+    def set_admin(self, index: int, up: bool) -> None:
+        with _errors(f"set link {index} {'up' if up else 'down'} in {self.namespace}"):
+            self._ipr.link("set", index=index, state="up" if up else "down")
+
+    def set_mac(self, index: int, mac: str) -> None:
+        with _errors(f"set MAC of link {index} in {self.namespace}"):
+            self._ipr.link("set", index=index, address=mac)
+
+    def delete_link(self, index: int) -> None:
+        with _errors(f"delete link {index} in {self.namespace}"):
+            self._ipr.link("del", index=index)
+
+    # --- addresses and routes ------------------------------------------------------------
+
+    def addresses(self) -> dict[int, set[str]]:
+        """ifindex -> {"address/prefixlen", ...}."""
+        found: dict[int, set[str]] = {}
+        with _errors(f"list addresses in {self.namespace}"):
+            for msg in self._ipr.get_addr():
+                addr = msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS")
+                found.setdefault(int(msg["index"]), set()).add(f"{addr}/{msg['prefixlen']}")
+        return found
+
+    def add_address(self, index: int, cidr: str, label: str | None = None) -> None:
+        address, _, length = cidr.partition("/")
+        extra = {"label": label} if label and ":" not in address else {}  # IPv4 only
+        with _errors(f"add {cidr} in {self.namespace}"):
+            self._ipr.addr("add", index=index, address=address, prefixlen=int(length), **extra)
+
+    def add_route(self, dst: str, *, gateway: str | None = None, oif: int | None = None) -> None:
+        """A route in the main table; an existing identical one is kept (idempotent)."""
+        spec: dict[str, Any] = {"dst": dst}
+        if gateway is not None:
+            spec["gateway"] = gateway
+        if oif is not None:
+            spec["oif"] = oif
+        if gateway is None:
+            spec["scope"] = 253  # link: directly reachable, like a connected route
+        try:
+            with _errors(f"add route {dst} in {self.namespace}"):
+                self._ipr.route("add", **spec)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+
+    def replace_route(self, dst: str, gateway: str) -> None:
+        with _errors(f"replace route {dst} in {self.namespace}"):
+            self._ipr.route("replace", dst=dst, gateway=gateway)
+
+    # --- tc: the ingress hook the fault injector uses ------------------------------------
+
+    def ensure_clsact(self, index: int) -> None:
+        try:
+            with _errors(f"add clsact on link {index} in {self.namespace}"):
+                self._ipr.tc("add", "clsact", index)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:
+                raise
+
+    def attach_ingress_bpf(self, index: int, prog_fd: int, name: str) -> None:
+        """A direct-action BPF filter first in the ingress chain (pref 1, handle 1)."""
+        self.ensure_clsact(index)
+        with _errors(f"attach {name} on link {index} in {self.namespace}"):
+            self._ipr.tc(
+                "add-filter",
+                "bpf",
+                index,
+                FAULT_HANDLE,
+                fd=prog_fd,
+                name=name,
+                parent=CLSACT_INGRESS,
+                direct_action=True,
+                prio=FAULT_PREF,
+                protocol=ETH_P_ALL,
+            )
+
+    def detach_ingress_bpf(self, index: int) -> bool:
+        """Remove the fault filter; False if there was none."""
+        try:
+            with _errors(f"detach filter on link {index} in {self.namespace}"):
+                self._ipr.tc(
+                    "del-filter",
+                    "bpf",
+                    index,
+                    FAULT_HANDLE,
+                    parent=CLSACT_INGRESS,
+                    prio=FAULT_PREF,
+                    protocol=ETH_P_ALL,
+                )
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.EINVAL):
+                return False
+            raise
+        return True
+
+    def ingress_drops(self) -> dict[int, int]:
+        """ifindex -> packets the clsact hook dropped (what a fault filter discarded)."""
+        found: dict[int, int] = {}
+        with _errors(f"list qdiscs in {self.namespace}"):
+            for msg in self._ipr.get_qdiscs():
+                if msg.get_attr("TCA_KIND") != "clsact":
+                    continue
+                stats = msg.get_attr("TCA_STATS2")
+                queue = stats.get_attr("TCA_STATS_QUEUE") if stats is not None else None
+                found[int(msg["index"])] = int(queue["drops"]) if queue else 0
+        return found

@@ -1,0 +1,384 @@
+"""Traffic generator and meter: one UDP (or RoCEv2-shaped) stream between two lab endpoints.
+
+Each end's socket is made inside the endpoint's namespace (`netns.entered`, which moves
+only the calling thread, and back) and stays in that namespace for its life. The two loops
+then run as threads of one forked child process (`multiprocessing`, fork context): no
+interpreter start-up as with `ip netns exec python -m ...` (~0.3 s), the sockets and the
+parameters are simply inherited, and the child has its own GIL, so a caller that injects a
+fault mid-stream cannot stall the sender. Both threads ask for SCHED_FIFO and 1 us timer
+slack; arrivals are stamped by the kernel (SO_TIMESTAMPNS). Measured on a loaded 2-core
+machine: the longest gap of a clean 1000 pps stream was 1.1-1.7 ms with this, up to 22 ms
+with in-process threads.
+
+Every loop is bounded: the sender stops after `count` packets or `duration_s`, whichever
+comes first; the receiver stops `linger_s` after the sender (or once all arrived), and in
+any case at a hard deadline.
+
+Endpoints: a workload name (its namespace and IP), a node name (its red TEP, else its
+first port address), or ``NAME@ADDRESS`` for any address in that namespace.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing
+import os
+import random
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from multiprocessing.connection import Connection
+from typing import cast
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from thorn.lab import netns
+from thorn.lab.handle import Lab, UnknownName
+from thorn.lab.meter import Meter, MeterResult
+from thorn.lab.packets import ROCE_PORT, Kind, decode, encode_into, min_size
+from thorn.model import Colour
+
+__all__ = ["Endpoint", "Stream", "StreamSpec", "TrafficReport", "resolve", "run", "start"]
+
+SO_TIMESTAMPNS = 35  # asm-generic; SCM_TIMESTAMPNS has the same value
+SO_RCVBUFFORCE = 33
+PR_SET_TIMERSLACK = 29
+SENDER_RT_PRIORITY = 10
+RCVBUF = 8 << 20  # ~10 s of 1000 pps probes even if the receiver thread stalls
+RECV_POLL_S = 0.05
+DEADLINE_MARGIN_S = 5.0
+_TIMESPEC = struct.Struct("@qq")
+
+
+class StreamSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    src: str = Field(description="workload, node, or NAME@ADDRESS")
+    dst: str = Field(description="workload, node, or NAME@ADDRESS")
+    kind: Kind = Kind.udp
+    rate_pps: int = Field(default=1000, ge=1, le=200_000)
+    count: int = Field(default=1000, ge=1, le=10_000_000)
+    duration_s: float = Field(default=10.0, gt=0, le=3600)
+    size: int = Field(default=64, le=1472, description="UDP payload bytes")
+    port: int = Field(default=5000, ge=1, le=65535, description="UDP destination (udp kind)")
+    src_port: int = Field(default=0, ge=0, le=65535, description="0: the kernel picks")
+    qp: int = Field(default=0x11, ge=0, lt=1 << 24, description="RoCE destination QP")
+    linger_s: float = Field(default=0.5, ge=0, le=30, description="wait after the last send")
+
+    @model_validator(mode="after")
+    def _check(self) -> StreamSpec:
+        if self.size < min_size(self.kind):
+            raise ValueError(f"size must be at least {min_size(self.kind)} for {self.kind}")
+        return self
+
+    @property
+    def dst_port(self) -> int:
+        return ROCE_PORT if self.kind == Kind.roce else self.port
+
+    @property
+    def packets(self) -> int:
+        """What the sender will send: the count, unless the duration ends it first."""
+        return min(self.count, max(1, math.floor(self.duration_s * self.rate_pps)))
+
+
+class TrafficReport(BaseModel):
+    """The meter's JSON: counts, and the longest silence between two arrivals."""
+
+    spec: StreamSpec
+    src_namespace: str
+    dst_namespace: str
+    src_ip: str
+    dst_ip: str
+    dst_port: int
+    started_at: str
+    start_psn: int | None
+    sent: int
+    send_errors: int
+    received: int
+    lost: int
+    loss_pct: float
+    reordered: int
+    duplicates: int
+    strays: int
+    max_gap_ms: float
+    max_gap_at: str | None = Field(description="arrival before the longest gap (UTC)")
+    max_gap_offset_ms: float | None = Field(description="... in ms after the first send")
+    max_gap_after_seq: int | None
+    max_gap_before_seq: int | None
+    lost_ranges: list[tuple[int, int]] = Field(description="first 20 runs [first, last] lost")
+    lost_ranges_total: int
+    send_seconds: float
+    send_rate_pps: float
+    sender_realtime: bool = Field(description="the sender thread ran at SCHED_FIFO priority")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    namespace: str
+    ip: str
+
+
+def resolve(lab: Lab, text: str) -> Endpoint:
+    """A workload, a node (red TEP, else first port address) or ``NAME@ADDRESS``."""
+    name, _, address = text.partition("@")
+    namespace = lab.namespace(name)  # UnknownName for anything else
+    if address:
+        return Endpoint(name, namespace, address)
+    if name in {w.name for w in lab.plan.workloads}:
+        return Endpoint(name, namespace, lab.workload(name).ip.split("/")[0])
+    teps = {t.colour: t for t in lab.fabric.teps if t.node == name}
+    if teps:
+        tep = teps.get(Colour.red) or next(iter(teps.values()))
+        return Endpoint(name, namespace, str(tep.address))
+    for node in lab.fabric.nodes:
+        if node.name == name:
+            for port in node.ports:
+                if port.address is not None:
+                    return Endpoint(name, namespace, str(port.address.ip))
+    raise UnknownName(f"'{name}' has no address to send from; use {name}@ADDRESS")
+
+
+def _socket_in(endpoint: Endpoint) -> socket.socket:
+    family = socket.AF_INET6 if ":" in endpoint.ip else socket.AF_INET
+    with netns.entered(endpoint.namespace):
+        return socket.socket(family, socket.SOCK_DGRAM)
+
+
+def _sharpen_sleep() -> bool:
+    """Make this thread wake on time: 1 us timer slack (default 50 us) and, where allowed,
+    real-time priority (SCHED_FIFO), so a busy machine delays probes less. The loop it
+    runs sleeps between sends and is bounded, and the kernel's RT throttling still leaves
+    5 % of each CPU to others. Returns whether the thread got real-time priority."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_TIMERSLACK, 1000, 0, 0, 0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(SENDER_RT_PRIORITY))
+    except OSError:
+        return False
+    return True
+
+
+@dataclass
+class _Outcome:
+    """What the stream's process reports back to the caller's `Stream.wait()`."""
+
+    sent: int = 0
+    send_errors: int = 0
+    started_ns: int = 0
+    send_seconds: float = 0.0
+    realtime: bool = False
+    meter: MeterResult | None = None
+
+
+class _Probe:
+    """The sender and receiver loops; runs in the stream's own process (see `Stream`)."""
+
+    def __init__(
+        self,
+        spec: StreamSpec,
+        rx: socket.socket,
+        tx: socket.socket,
+        target: tuple[str, int],
+        stream_id: int,
+        start_psn: int | None,
+        stop: threading.Event,
+    ) -> None:
+        self.spec = spec
+        self.rx = rx
+        self.tx = tx
+        self.target = target
+        self.stream_id = stream_id
+        self.start_psn = start_psn
+        self.stop = stop
+        self.meter = Meter(spec.packets, start_psn=start_psn)
+        self.outcome = _Outcome()
+        self.sender_done = threading.Event()
+
+    def run(self) -> _Outcome:
+        receiver = threading.Thread(target=self._receive, name="lab-traffic-rx")
+        sender = threading.Thread(target=self._send, name="lab-traffic-tx")
+        receiver.start()
+        sender.start()
+        sender.join()
+        receiver.join()
+        self.outcome.meter = self.meter.result(self.outcome.sent)
+        return self.outcome
+
+    def _send(self) -> None:
+        out = self.outcome
+        try:
+            out.realtime = _sharpen_sleep()
+            spec = self.spec
+            payload = bytearray(spec.size)
+            interval = 1.0 / spec.rate_pps
+            first = self.start_psn or 0
+            begin = time.monotonic()
+            stop_at = begin + spec.duration_s
+            out.started_ns = time.time_ns()
+            for k in range(spec.packets):
+                due = begin + k * interval
+                now = time.monotonic()
+                if self.stop.is_set() or now > stop_at:
+                    break
+                if due > now:
+                    time.sleep(due - now)
+                encode_into(payload, spec.kind, self.stream_id, first + k, time.time_ns(), spec.qp)
+                out.sent += 1
+                try:
+                    self.tx.sendto(payload, self.target)
+                except OSError:
+                    out.send_errors += 1  # no route, no neighbour: counted, then lost
+            out.send_seconds = time.monotonic() - begin
+        finally:
+            self.sender_done.set()
+
+    def _receive(self) -> None:
+        _sharpen_sleep()  # never preempted while holding the GIL the sender waits for
+        spec = self.spec
+        hard_stop = time.monotonic() + spec.duration_s + spec.linger_s + DEADLINE_MARGIN_S
+        linger_until: float | None = None
+        space = socket.CMSG_SPACE(_TIMESPEC.size)
+        while time.monotonic() < hard_stop:
+            if self.sender_done.is_set():
+                if linger_until is None:
+                    linger_until = time.monotonic() + spec.linger_s
+                if self.meter.received >= self.outcome.sent or time.monotonic() > linger_until:
+                    break
+            try:
+                data, ancillary, _, _ = self.rx.recvmsg(2048, space)
+            except TimeoutError:
+                continue
+            rx_ns = time.time_ns()
+            for level, kind, raw in ancillary:
+                if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
+                    seconds, nanos = _TIMESPEC.unpack_from(raw)
+                    rx_ns = seconds * 1_000_000_000 + nanos
+            probe = decode(data, spec.kind)
+            if probe is not None and probe.stream == self.stream_id:
+                self.meter.observe(probe.seq, rx_ns)
+
+
+def _stream_process(probe: _Probe, results: Connection) -> None:
+    try:
+        results.send(probe.run())
+    finally:
+        results.close()
+
+
+class Stream:
+    """A running stream; `wait()` returns its report. Made by `start`.
+
+    The sockets are made here, inside the endpoints' namespaces; the loops run in a forked
+    child process with its own GIL, so the caller (a test injecting faults, say) cannot
+    stall the sender by holding the GIL while the machine is busy.
+    """
+
+    def __init__(self, lab: Lab, spec: StreamSpec) -> None:
+        self.spec = spec
+        self.src = resolve(lab, spec.src)
+        self.dst = resolve(lab, spec.dst)
+        self.start_psn = random.randrange(1 << 24) if spec.kind == Kind.roce else None
+        rx, tx = _socket_in(self.dst), _socket_in(self.src)
+        with rx, tx:
+            rx.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RCVBUF)
+            rx.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            rx.bind((self.dst.ip, spec.dst_port))
+            rx.settimeout(RECV_POLL_S)
+            tx.bind((self.src.ip, spec.src_port))
+            context = multiprocessing.get_context("fork")
+            self._stop = context.Event()
+            self._results, child_end = context.Pipe(duplex=False)
+            probe = _Probe(
+                spec,
+                rx,
+                tx,
+                (self.dst.ip, spec.dst_port),
+                random.getrandbits(32),
+                self.start_psn,
+                cast(threading.Event, self._stop),
+            )
+            self._process = context.Process(
+                target=_stream_process, args=(probe, child_end), name="lab-traffic", daemon=True
+            )
+            self._process.start()
+            child_end.close()
+        # The child holds its own copies of the sockets; ours are closed by `with`.
+
+    def stop(self) -> None:
+        """End the stream early (the report covers what was sent until then)."""
+        self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> TrafficReport:
+        spec = self.spec
+        limit = spec.duration_s + spec.linger_s + 2 * DEADLINE_MARGIN_S
+        outcome = _Outcome()
+        try:
+            if self._results.poll(limit if timeout is None else timeout):
+                outcome = self._results.recv()
+            else:
+                self.stop()
+                if self._results.poll(DEADLINE_MARGIN_S):
+                    outcome = self._results.recv()
+        except EOFError:
+            pass  # the child died without a report: everything counts as lost
+        finally:
+            self._process.join(DEADLINE_MARGIN_S)
+            if self._process.is_alive():
+                self._process.kill()
+                self._process.join()
+            self._results.close()
+        return self._report(outcome)
+
+    def _report(self, o: _Outcome) -> TrafficReport:
+        m = o.meter or Meter(1).result(0)
+        lost = max(0, o.sent - m.received)
+        gap_at = gap_offset = None
+        if m.max_gap_start_ns is not None:
+            gap_at = _iso(m.max_gap_start_ns)
+            gap_offset = round((m.max_gap_start_ns - o.started_ns) / 1e6, 3)
+        return TrafficReport(
+            spec=self.spec,
+            src_namespace=self.src.namespace,
+            dst_namespace=self.dst.namespace,
+            src_ip=self.src.ip,
+            dst_ip=self.dst.ip,
+            dst_port=self.spec.dst_port,
+            started_at=_iso(o.started_ns),
+            start_psn=self.start_psn,
+            sent=o.sent,
+            send_errors=o.send_errors,
+            received=m.received,
+            lost=lost,
+            loss_pct=round(100.0 * lost / o.sent, 3) if o.sent else 0.0,
+            reordered=m.reordered,
+            duplicates=m.duplicates,
+            strays=m.strays,
+            max_gap_ms=round(m.max_gap_ns / 1e6, 3),
+            max_gap_at=gap_at,
+            max_gap_offset_ms=gap_offset,
+            max_gap_after_seq=m.max_gap_after_seq,
+            max_gap_before_seq=m.max_gap_before_seq,
+            lost_ranges=m.lost_ranges,
+            lost_ranges_total=m.lost_ranges_total,
+            send_seconds=round(o.send_seconds, 3),
+            send_rate_pps=round(o.sent / o.send_seconds, 1) if o.send_seconds else 0.0,
+            sender_realtime=o.realtime,
+        )
+
+
+def _iso(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, UTC).isoformat(timespec="microseconds")
+
+
+def start(lab: Lab, spec: StreamSpec) -> Stream:
+    """Start a stream in the background; `Stream.wait()` returns the report."""
+    return Stream(lab, spec)
+
+
+def run(lab: Lab, spec: StreamSpec) -> TrafficReport:
+    """Run a stream to its end and return the report."""
+    return start(lab, spec).wait()
