@@ -100,3 +100,16 @@ def test_incremental_states_equal_a_full_build_and_stages_never_loop(
             walk_all(tables)
         assert tables == new.switch_routes
         states = new
+
+
+def test_a_first_programming_writes_whole_documents_at_stage_zero() -> None:
+    """Nothing was programmed before: every node's first write carries all its routes (a
+    first write that kept only stage-0 routes left spines without routes)."""
+    fabric = Fabric.from_document(leaf_spine(2, 2, 2))
+    plan = Plan.compute(fabric)
+    states = DesiredStates.build(fabric, plan, 1)
+    for change in diff(None, states):
+        assert change.stages == [0]
+        assert states.document_at(change.node, 0) == states.document(change.node)
+    spine = orjson.loads(states.document_at("spine2", 0))
+    assert {r["stage"] for r in spine["routes"]} == {1, 3}

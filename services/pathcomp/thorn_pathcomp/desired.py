@@ -107,6 +107,9 @@ class DesiredStates:
         for host in sorted(plan.graph.attachments):
             states.hosts[host] = states._host(host)
         states.changes = {}
+        # Built from nothing: no predecessor to stage from (`_put` noted every route as new),
+        # so `document_at` gives whole documents until `compare_with` names a predecessor.
+        states.previous = {}
         return states
 
     # --- switches ---------------------------------------------------------------------------
