@@ -33,6 +33,9 @@ class Settings(BaseSettings):
     lab: str | None = Field(
         None, description="programmer: run an agent for every node of this fabric lab (prefix)"
     )
+    emulated_fabric: bool = Field(
+        True, description="thorn-run: build the fabric as a lab and program it (needs root)"
+    )
     datapath: Literal["auto", "flower", "emulation"] = Field(
         "auto",
         description="programmer: host datapath driver; auto picks flower if the kernel has it",

