@@ -19,9 +19,10 @@ venv: $(STAMP)
 run: venv
 	$(BIN)/thorn-run
 
-## test-deps: system packages the test lanes need (none beyond the machine's services yet)
+## test-deps: system packages the test lanes need (strace: golden netlink captures of tc)
 test-deps:
 	@command -v psql >/dev/null || (apt-get update -qq && apt-get install -y -qq postgresql-client)
+	@command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
 
 ## lint: ruff and mypy over the whole tree
 lint: venv
