@@ -71,22 +71,69 @@ class Namespace:
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
 
 
+PER_HOST = 8  # workloads per peer host (8 GPUs, rail-optimised): one tunnel per 8 peers
+
+
 def intent(peers: int, colour: str, one_host: bool = False) -> Any:
     from thorn_programmer.intent import HostIntent, LocalWorkload, Peer
 
-    def host(n: int) -> str:
-        return "peer" if one_host else f"peer{n}"
+    def host(n: int) -> int:
+        return 0 if one_host else (n - 1) // PER_HOST
 
     def teps(n: int) -> dict[str, str]:
-        m = 0 if one_host else n
-        return {"red": peer_tep(m, "red"), "blue": peer_tep(m, "blue")}
+        return {"red": peer_tep(host(n), "red"), "blue": peer_tep(host(n), "blue")}
 
     return HostIntent(
         node="bench", revision=1, teps={"red": "10.223.0.1", "blue": "10.239.0.1"}, routes=(),
         local=(LocalWorkload("w0", VNI, REP, "06:00:00:00:00:01", "100.64.0.1"),),
-        peers=tuple(Peer(f"w{n}", VNI, peer_mac(n), f"100.65.{n >> 8}.{n & 255}", host(n),
-                         teps(n), colour) for n in range(1, peers + 1)),  # type: ignore[arg-type]
+        peers=tuple(Peer(f"w{n}", VNI, peer_mac(n), f"100.65.{n >> 8}.{n & 255}",
+                         f"peer{host(n)}", teps(n), colour)  # type: ignore[arg-type]
+                    for n in range(1, peers + 1)),
     )  # fmt: skip
+
+
+def batch_lines(changes: list[Any], index_of: dict[tuple[str, int], int]) -> list[str]:
+    """The same kernel objects as iproute2 batch lines (tc -batch / bridge -batch)."""
+    from thorn_programmer.kernel import (
+        PRIO_DECAP,
+        PRIO_ENCAP,
+        PRIO_FLOOD,
+        DecapRule,
+        EncapRule,
+        Fdb,
+        FloodRule,
+        TunnelAction,
+    )  # fmt: skip
+
+    lines: list[str] = []
+    for change in changes:
+        o = change.obj
+        if isinstance(o, Fdb):
+            verb = "append" if o.mac == "00:00:00:00:00:00" else "replace"
+            lines.append(f"fdb {verb} {o.mac} dev {o.dev} dst {o.dst} self permanent")
+        elif isinstance(o, TunnelAction):
+            index = index_of[(o.peer, o.vni)]
+            lines.append(f"actions add action tunnel_key set src_ip {o.src} dst_ip {o.dst} "
+                         f"id {o.vni} dst_port 4789 index {index} skip_hw")  # fmt: skip
+        elif isinstance(o, EncapRule):
+            lines.append(f"filter add dev {o.dev} ingress prio {PRIO_ENCAP} protocol all flower "
+                         f"skip_hw dst_mac {o.mac} action tunnel_key index "
+                         f"{index_of[(o.peer, o.vni)]} action mirred egress redirect dev "
+                         "thorn-vx")  # fmt: skip
+        elif isinstance(o, FloodRule):
+            copies = " ".join(f"action tunnel_key index {index_of[(p, o.vni)]} action mirred "
+                              "egress mirror dev thorn-vx" for p in o.peers)  # fmt: skip
+            verdict = "drop" if o.last else "continue"
+            lines.append(f"filter add dev {o.dev} ingress prio {PRIO_FLOOD + o.part} protocol "
+                         f"all flower skip_hw dst_mac 01:00:00:00:00:00/01:00:00:00:00:00 "
+                         f"{copies} action gact {verdict}")  # fmt: skip
+        elif isinstance(o, DecapRule):
+            mac = ("01:00:00:00:00:00/01:00:00:00:00:00" if o.mac == "ff:ff:ff:ff:ff:ff"
+                   else o.mac)  # fmt: skip
+            lines.append(f"filter add dev thorn-vx ingress prio {PRIO_DECAP} protocol all "
+                         f"flower skip_hw enc_key_id {o.vni} dst_mac {mac} action tunnel_key "
+                         f"unset action mirred egress redirect dev {o.reps[-1]}")  # fmt: skip
+    return lines
 
 
 async def measure(driver_name: str, peers: int, flips: int) -> dict[str, Any]:
@@ -100,35 +147,37 @@ async def measure(driver_name: str, peers: int, flips: int) -> dict[str, Any]:
             base = driver.render(intent(0, "red"))
             await driver.apply(diff(base, []))  # the tunnel device, clsact: not timed
             red = driver.render(intent(peers, "red"))
-            changes = diff(red, base)
+            await driver.read()
+            changes = diff(red, [o for o in await driver.read()])
             console.print(f"{driver_name}: installing {len(changes):,} kernel objects")
             start = time.perf_counter()
             report = await driver.apply(changes)
             result["install_s"] = time.perf_counter() - start
             result["install_objects"] = len(changes)
             assert not report.errors, report.errors[:3]
-            # Failover of `flips` peers, one at a time (each its own message(s)).
-            blue_one: list[float] = []
-            for n in range(1, flips + 1):
-                flipped = diff(driver.render(_flip(intent(peers, "red"), n)), red)
+            index_of = dict(getattr(driver, "_index", {}))
+            # Failover of `flips` peer hosts, one at a time (each its own message(s)).
+            each: list[float] = []
+            for n in range(flips):
+                flipped = diff(driver.render(_flip(intent(peers, "red"), f"peer{n}")), red)
                 start = time.perf_counter()
                 await driver.apply(flipped)
-                blue_one.append(time.perf_counter() - start)
+                each.append(time.perf_counter() - start)
             result["flip_each_ms"] = {
-                "p50": statistics.median(blue_one) * 1000,
-                "max": max(blue_one) * 1000,
-                "total_s": sum(blue_one),
+                "p50": statistics.median(each) * 1000,
+                "max": max(each) * 1000,
+                "total_s": sum(each),
             }
-    result["baseline"] = baseline(driver_name, peers)
+    result["baseline"] = baseline(driver_name, changes, index_of)
     if driver_name == "flower":
         result["shared"] = await shared_flip(flips)
     return result
 
 
-def _flip(base: Any, n: int) -> Any:
+def _flip(base: Any, host: str) -> Any:
     from dataclasses import replace
 
-    peers = tuple(replace(p, colour="blue") if p.name == f"w{n}" else p for p in base.peers)
+    peers = tuple(replace(p, colour="blue") if p.host == host else p for p in base.peers)
     return replace(base, peers=peers)
 
 
@@ -142,6 +191,7 @@ async def shared_flip(peers: int) -> dict[str, float]:
             await driver.setup()
             red = driver.render(intent(peers, "red", one_host=True))
             await driver.apply(diff(red, []))
+            await driver.read()
             blue = driver.render(_flip_all(intent(peers, "red", one_host=True)))
             changes = [c for c in diff(blue, red) if type(c.obj).__name__ == "TunnelAction"]
             start = time.perf_counter()
@@ -156,41 +206,33 @@ def _flip_all(base: Any) -> Any:
     return replace(base, peers=tuple(replace(p, colour="blue") for p in base.peers))
 
 
-def baseline(driver_name: str, peers: int) -> dict[str, Any]:
+def baseline(driver_name: str, changes: list[Any], index_of: dict[Any, int]) -> dict[str, Any]:
     """The same kernel objects through iproute2's batch mode, in a fresh namespace."""
     with Namespace() as ns, tempfile.NamedTemporaryFile("w", suffix=".batch") as batch:
         if driver_name == "emulation":
-            sh("ip", "-n", ns.name, "link", "add", "name", "thv1000", "type", "vxlan", "id",
+            sh("ip", "-n", ns.name, "link", "add", "name", f"thv{VNI}", "type", "vxlan", "id",
                str(VNI), "local", "10.223.0.1", "dstport", "4789", "nolearning")  # fmt: skip
-            for n in range(1, peers + 1):
-                batch.write(f"fdb add {peer_mac(n)} dev thv1000 dst {peer_tep(n, 'red')}\n")
-            batch.flush()
-            command = ["ip", "netns", "exec", ns.name, "bridge", "-batch", batch.name]
+            tool = "bridge"
         else:
             sh("ip", "-n", ns.name, "link", "add", "name", "thorn-vx", "type", "vxlan",
                "external", "dstport", "4789")  # fmt: skip
-            sh("tc", "-n", ns.name, "qdisc", "add", "dev", REP, "clsact")
-            for n in range(1, peers + 1):
-                index = 0x54480000 + n
-                batch.write(
-                    f"actions add action tunnel_key set src_ip 10.223.0.1 dst_ip "
-                    f"{peer_tep(n, 'red')} id {VNI} dst_port 4789 index {index}\n"
-                    f"filter add dev {REP} ingress prio 49663 protocol all flower skip_hw "
-                    f"dst_mac {peer_mac(n)} action tunnel_key index {index} action mirred "
-                    f"egress redirect dev thorn-vx\n"
-                )
-            batch.flush()
-            command = ["ip", "netns", "exec", ns.name, "tc", "-batch", batch.name]
+            for dev in (REP, "thorn-vx"):
+                sh("tc", "-n", ns.name, "qdisc", "add", "dev", dev, "clsact")
+            tool = "tc"
+        lines = batch_lines(changes, index_of)
+        batch.write("\n".join(lines) + "\n")
+        batch.flush()
         start = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True)
-        return {"tool": command[4], "s": time.perf_counter() - start}
+        subprocess.run(["ip", "netns", "exec", ns.name, tool, "-batch", batch.name], check=True,
+                       capture_output=True)  # fmt: skip
+        return {"tool": f"{tool} -batch", "lines": len(lines), "s": time.perf_counter() - start}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--driver", choices=["emulation", "flower"], default="emulation")
     parser.add_argument("--peers", type=int, default=10_000)
-    parser.add_argument("--flips", type=int, default=1_000)
+    parser.add_argument("--flips", type=int, default=1_000, help="peer hosts to flip")
     parser.add_argument("--json", type=Path, help="write the result here")
     args = parser.parse_args()
     if os.geteuid() != 0:

@@ -127,3 +127,20 @@ def test_pyroute2s_extack_maps_onto_the_same_errors(netns: str) -> None:
     error = from_netlink_error(refused.value)
     assert isinstance(error, TcExistsError)
     assert error.extack == "A VXLAN device with the specified VNI already exists"
+
+
+def test_a_batch_drops_only_the_ack_flag_of_the_messages_before_the_last() -> None:
+    """Every other flag survives, APPEND included: an IntFlag complement would drop the
+    bits the enum does not name, and an FDB append then silently did nothing."""
+    import struct
+
+    from thorn_programmer.netlink import TcSocket as Sock
+
+    def message(flags: int) -> bytes:
+        return struct.pack("=IHHII", 16, 28, flags, 0, 0)
+
+    append = 0x1 | 0x4 | 0x400 | 0x800  # REQUEST | ACK | CREATE | APPEND
+    chunk = Sock._chunk([message(append), message(append)], 0, 2, 7, False)
+    first, second = struct.unpack_from("=H", chunk, 6)[0], struct.unpack_from("=H", chunk, 22)[0]
+    assert (first, second) == (append & ~0x4, append)
+    assert struct.unpack_from("=I", chunk, 8)[0] == 7

@@ -119,25 +119,37 @@ def test_flower_shares_one_tunnel_action_per_peer_host_and_vni() -> None:
                      ("06:00:00:00:00:04", "h3")]  # fmt: skip
 
 
-def test_flipping_a_peer_changes_only_its_tunnel_action_and_the_flood_rule() -> None:
+def test_flipping_a_peer_is_one_tunnel_action_replace_for_unicast_and_flood_alike() -> None:
     red = flower_objects(host_intent(host_state(), [chunk(ALL)]))
     blue = flower_objects(host_intent(host_state(), [chunk(ALL)], {"h2": "blue"}))
     changes = diff(blue, red)
-    assert [(c.op, type(c.obj).__name__) for c in changes] == [
-        ("replace", "TunnelAction"),
-        ("replace", "FloodRule"),
-    ]
+    assert [(c.op, type(c.obj).__name__) for c in changes] == [("replace", "TunnelAction")]
     new = changes[0].new
     assert isinstance(new, TunnelAction) and (new.peer, new.dst) == ("h2", "10.240.0.2")
 
 
-def test_flood_rules_hold_at_most_fifteen_targets_each() -> None:
+def test_flood_rules_hold_at_most_fifteen_peer_hosts_each() -> None:
     many = [member(1, "h1"), *(member(n, f"h{n}") for n in range(2, 40))]
     objects = flower_objects(host_intent(host_state(), [chunk(many)]))
     parts = [o for o in objects if isinstance(o, FloodRule)]
-    assert [len(p.targets) for p in parts] == [15, 15, 8]
+    assert [len(p.peers) for p in parts] == [15, 15, 8]
     assert [p.last for p in parts] == [False, False, True]
-    assert max(len(p.targets) for p in parts) == FLOOD_TARGETS_PER_RULE
+    assert max(len(p.peers) for p in parts) == FLOOD_TARGETS_PER_RULE
+
+
+def test_a_host_with_two_workloads_in_a_vni_copies_bum_to_the_other_in_a_rule_of_its_own() -> None:
+    state = host_state()
+    two = state.model_copy(update={"local": [
+        *state.local, LocalWorkload(name="w9", vni=VNI, vf="vf1", mac="06:00:00:00:00:09",
+                                    ip="100.64.0.9")]})  # fmt: skip
+    objects = flower_objects(host_intent(two, [chunk(ALL)]))
+    floods = [o for o in objects if isinstance(o, FloodRule) and o.dev == "vf0_rep"]
+    assert [(f.part, f.mirrors, f.peers, f.last) for f in floods] == [
+        (0, ("vf1_rep",), (), False),
+        (1, (), ("h2", "h3"), True),
+    ]
+    hairpin = [o for o in objects if isinstance(o, Redirect) and o.dev == "vf0_rep"]
+    assert [(r.dst_mac, r.to) for r in hairpin] == [("06:00:00:00:00:09", "vf1_rep")]
 
 
 def test_a_switch_renders_its_routes_only() -> None:

@@ -160,18 +160,38 @@ class EncapRule:
 
 @dataclass(frozen=True, slots=True)
 class FloodRule:
-    """flower on a representor's ingress: group-addressed frames are copied to each
-    (source, destination TEP) in `targets` (ingress replication), `part` of several."""
+    """flower on a representor's ingress: group-addressed frames are copied to the other
+    local workloads (`mirrors`) and through each peer host's shared tunnel action (`peers`:
+    ingress replication), `part` of several; the last part drops the original. Binding the
+    peers' own tunnel actions keeps a failover at one message for BUM traffic too."""
 
     dev: str
     part: int
-    vni: int
-    targets: tuple[tuple[str, str], ...]
-    last: bool
+    # A representor belongs to one VNI; a rule with no peers names none, so it is not compared.
+    vni: int = field(compare=False)
+    peers: tuple[str, ...] = ()
+    last: bool = True
+    mirrors: tuple[str, ...] = ()
+    handle: int = field(default=0, compare=False)
 
     @property
     def key(self) -> tuple[object, ...]:
         return ("flood", self.dev, self.part)
+
+
+@dataclass(frozen=True, slots=True)
+class StrayRule:
+    """A filter in THORN's priority band that THORN would not write (an older version's, a
+    half-applied change's): read back so that reconcile removes it."""
+
+    dev: str
+    prio: int
+    handle: int
+    kind: str
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return ("stray", self.dev, self.prio, self.handle)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,8 +210,10 @@ class DecapRule:
 
 
 KernelObject = (
-    Device | Address | Route | Clsact | Redirect | Fdb | TunnelAction | EncapRule | FloodRule
-) | DecapRule
+    (Device | Address | Route | Clsact | Redirect | Fdb | TunnelAction | EncapRule | FloodRule)
+    | DecapRule
+    | StrayRule
+)
 
 # Creation order; deletion runs the other way (rules before the actions and devices they use).
 RANK: Mapping[type, int] = {
@@ -205,6 +227,7 @@ RANK: Mapping[type, int] = {
     Redirect: 7,
     EncapRule: 8,
     FloodRule: 9,
+    StrayRule: 10,
 }
 NEVER_DELETED: tuple[type, ...] = (Clsact,)
 

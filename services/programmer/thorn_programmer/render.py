@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator
 
-from thorn.desired import ColourName
 from thorn_programmer.intent import HostIntent, Intent, LocalWorkload, Peer, SwitchIntent
 from thorn_programmer.kernel import (
     BROADCAST_MAC,
@@ -79,18 +78,19 @@ def _by_vni(intent: HostIntent) -> dict[int, tuple[list[LocalWorkload], list[Pee
     return out
 
 
-def _local_switching(locals_: list[LocalWorkload], tunnel: str) -> Iterator[KernelObject]:
-    """Between workloads of one VNI on this host: straight from representor to representor,
-    and BUM copied to the others as well as into the tunnel."""
+def _local_switching(locals_: list[LocalWorkload], tunnel: str | None) -> Iterator[KernelObject]:
+    """Between workloads of one VNI on this host: straight from representor to representor;
+    with `tunnel`, BUM is also copied to the others on its way into the tunnel (the flower
+    driver copies it in its flood rules instead)."""
     if len(locals_) < 2:
         return
     for w in locals_:
         others = [o for o in locals_ if o is not w]
         for n, o in enumerate(others):
             yield Redirect(dev=w.rep, prio=PRIO_LOCAL + n, dst_mac=o.mac, to=o.rep)
-        mirror = tuple(o.rep for o in others)
-        yield Redirect(dev=w.rep, prio=PRIO_LOCAL_FLOOD, dst_mac=BROADCAST_MAC, to=tunnel,
-                       mirror=mirror)  # fmt: skip
+        if tunnel is not None:
+            yield Redirect(dev=w.rep, prio=PRIO_LOCAL_FLOOD, dst_mac=BROADCAST_MAC, to=tunnel,
+                           mirror=tuple(o.rep for o in others))  # fmt: skip
 
 
 def _flood_hosts(peers: list[Peer]) -> list[tuple[str, str]]:
@@ -133,7 +133,7 @@ def flower_objects(intent: HostIntent) -> list[KernelObject]:
     for vni, (locals_, peers) in sorted(by_vni.items()):
         for w in locals_:
             objects.append(Clsact(dev=w.rep))
-        objects.extend(_local_switching(locals_, FLOWER_TUNNEL))
+        objects.extend(_local_switching(locals_, None))
         for w in locals_:
             objects.append(DecapRule(vni=vni, mac=w.mac, reps=(w.rep,)))
         reps = tuple(w.rep for w in locals_)
@@ -150,29 +150,26 @@ def flower_objects(intent: HostIntent) -> list[KernelObject]:
         for w in locals_:
             for p in peers:
                 objects.append(EncapRule(dev=w.rep, mac=p.mac, peer=p.host, vni=vni))
-        targets = [(intent.source_tep(c), tep) for c, tep in _flood_colours(peers)]
+        hosts = sorted(tunnels)
         parts = [
-            targets[i : i + FLOOD_TARGETS_PER_RULE]
-            for i in range(0, len(targets), FLOOD_TARGETS_PER_RULE)
+            tuple(hosts[i : i + FLOOD_TARGETS_PER_RULE])
+            for i in range(0, len(hosts), FLOOD_TARGETS_PER_RULE)
         ]
         if len(parts) > FLOOD_PARTS:
             raise RenderError(
-                f"VNI {vni} has {len(targets)} peer hosts: ingress replication on one host is "
+                f"VNI {vni} has {len(hosts)} peer hosts: ingress replication on one host is "
                 f"limited to {FLOOD_PARTS * FLOOD_TARGETS_PER_RULE}"
             )
         for w in locals_:
-            for n, part in enumerate(parts):
-                objects.append(FloodRule(dev=w.rep, part=n, vni=vni, targets=tuple(part),
-                                         last=n == len(parts) - 1))  # fmt: skip
+            mirrors = tuple(o.rep for o in locals_ if o is not w)
+            # The copies to local workloads get a rule of their own (a rule holds 32
+            # actions: 15 peers take 30); with nothing to copy to, one rule just drops.
+            rules: list[tuple[str, ...]] = [(), *parts] if mirrors or not parts else parts
+            for n, part in enumerate(rules):
+                objects.append(FloodRule(dev=w.rep, part=n, vni=vni, peers=part,
+                                         last=n == len(rules) - 1,
+                                         mirrors=mirrors if n == 0 else ()))  # fmt: skip
     return objects
-
-
-def _flood_colours(peers: list[Peer]) -> list[tuple[ColourName, str]]:
-    """(active colour, its TEP), one per peer host, in host order."""
-    seen: dict[str, tuple[ColourName, str]] = {}
-    for p in sorted(peers, key=lambda p: p.host):
-        seen.setdefault(p.host, (p.colour, p.tep))
-    return list(seen.values())
 
 
 def held(intent: Intent, obj: KernelObject) -> bool:

@@ -7,6 +7,9 @@ in production, a lab namespace in emulation). Drivers add their own rule kinds t
 
 Each change is applied on its own; a failure (a missing device, a kernel refusal) becomes an
 `ApplyError` in the report, carrying the kernel's message, and the rest is still applied.
+Changes a driver can prebuild as one message (`_message`: FDB entries, tc rules and actions)
+go out in batches, many per sendmsg (`TcSocket.send_batch`), in order; the kernel's refusals
+come back with their position and land on the right change.
 """
 
 from __future__ import annotations
@@ -36,12 +39,15 @@ from thorn_programmer.kernel import (
     Address,
     Change,
     Clsact,
+    DecapRule,
     Device,
     Fdb,
+    FloodRule,
     KernelObject,
     Redirect,
     Route,
 )
+from thorn_programmer.netlink import TcBatchError, TcError, TcSocket
 
 MAIN_TABLE = 254
 SCOPE_LINK = 253
@@ -101,16 +107,18 @@ class NetlinkDatapath:
         lambda name: name.endswith("_rep") or is_own_device(name)
     )
 
-    def __init__(self, ip: AsyncIPRoute, netns: str | None = None) -> None:
+    def __init__(self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket) -> None:
         self.ip = ip
         self.netns = netns
+        self.tc = tc  # a raw rtnetlink socket for prebuilt messages and batches
         self.ifindex: dict[str, int] = {}
 
     @classmethod
     @asynccontextmanager
     async def open(cls, netns: str | None = None) -> AsyncIterator[NetlinkDatapath]:
         async with AsyncIPRoute(netns=netns) as ip:
-            yield cls(ip, netns)
+            with TcSocket(netns) as tc:
+                yield cls(ip, netns, tc)
 
     def render(self, intent: Intent) -> list[KernelObject]:
         raise NotImplementedError
@@ -199,17 +207,53 @@ class NetlinkDatapath:
 
     async def apply(self, changes: Sequence[Change]) -> ApplyReport:
         report = ApplyReport()
-        await self._links()
+        # Interface indexes come from the last read; a dump costs ~1 ms, which a failover
+        # (a few prebuilt messages) should not pay unless a device is missing.
+        names = {d for c in changes for d in _devices(c.obj)}
+        if not self.ifindex or not names <= self.ifindex.keys():
+            await self._links()
+        batch: list[tuple[Change, bytes]] = []
         for change in changes:
+            try:
+                message = self._message(change)
+            except MissingDevice as exc:
+                report.errors.append(ApplyError(change, str(exc)))
+                continue
+            if message is not None:
+                batch.append((change, message))
+                continue
+            await self._send_batch(batch, report)  # what came before goes first
             try:
                 await self._apply(change)
             except MissingDevice as exc:
                 report.errors.append(ApplyError(change, str(exc)))
             except NetlinkError as exc:
                 report.errors.append(ApplyError(change, _kernel_message(exc), exc.code))
+            except TcError as exc:  # the flower driver's own socket: errno and extack
+                report.errors.append(ApplyError(change, str(exc), exc.errno))
             else:
                 report.applied.append(change)
+        await self._send_batch(batch, report)
         return report
+
+    def _message(self, change: Change) -> bytes | None:
+        """The change as one prebuilt netlink message, for a batch; None: apply it alone."""
+        return None
+
+    async def _send_batch(self, batch: list[tuple[Change, bytes]], report: ApplyReport) -> None:
+        if not batch:
+            return
+        refused: dict[int, TcError] = {}
+        try:
+            await asyncio.to_thread(self.tc.send_batch, [m for _, m in batch])
+        except TcBatchError as exc:
+            refused = {e.index: e for e in exc.errors if e.index is not None}
+        for n, (change, _) in enumerate(batch):
+            if n in refused:
+                report.errors.append(ApplyError(change, str(refused[n]), refused[n].errno))
+            else:
+                report.applied.append(change)
+        batch.clear()
 
     def index_of(self, dev: str, what: KernelObject) -> int:
         try:
@@ -335,6 +379,22 @@ def _write_sysctl(netns: str | None, path: str, value: str) -> None:
     thread.join()
     if errors:
         raise errors[0]
+
+
+def _devices(obj: KernelObject) -> tuple[str, ...]:
+    """The devices a kernel object needs to exist (by name)."""
+    match obj:
+        case Device():
+            return ()  # created by this very change
+        case Redirect():
+            return (obj.dev, obj.to, *obj.mirror)
+        case DecapRule():
+            return obj.reps
+        case FloodRule():
+            return (obj.dev, *obj.mirrors)
+        case _:
+            dev = getattr(obj, "dev", None)
+            return (dev,) if isinstance(dev, str) else ()
 
 
 def _kernel_message(exc: NetlinkError) -> str:

@@ -55,6 +55,7 @@ class NlmFlag(IntFlag):
     REPLACE = 0x100
     EXCL = 0x200
     CREATE = 0x400
+    APPEND = 0x800
     # On NLMSG_ERROR: the request was not echoed back / extack TLVs follow.
     CAPPED = 0x100
     ACK_TLVS = 0x200

@@ -211,7 +211,8 @@ class TcSocket:
             _SEQ.pack_into(buf, offset + 8, (first + index) & _U32)
             if not ack_each and index != stop - 1:
                 (flags,) = _FLAGS.unpack_from(buf, offset + 6)
-                _FLAGS.pack_into(buf, offset + 6, flags & ~NlmFlag.ACK)
+                # Plain ints: an IntFlag complement keeps only the bits it names (APPEND...).
+                _FLAGS.pack_into(buf, offset + 6, flags & ~int(NlmFlag.ACK) & 0xFFFF)
             offset += len(msgs[index])
         return bytes(buf)
 

@@ -1,0 +1,250 @@
+"""The host flower driver: the production datapath (ARCHITECTURE.md, "Data plane").
+
+- encap, on each representor's ingress: `flower dst_mac <peer workload>` -> the shared
+  `tunnel_key set` action of (peer host, VNI) -> `mirred egress redirect dev thorn-vx`;
+- BUM, on each representor's ingress: `flower dst_mac <group bit>` -> for every peer host of
+  the VNI, its shared tunnel action + `mirred egress mirror dev thorn-vx`, then a verdict;
+- decap, on thorn-vx's ingress (external VXLAN): `flower enc_key_id <VNI> dst_mac <local
+  workload>` -> `tunnel_key unset` -> `mirred egress redirect dev <representor>`.
+
+Every rule toward a peer host binds that host's one tunnel action, so moving the host to
+its other colour is a single `RTM_NEWACTION` replace, for unicast and BUM alike. Shared
+actions take indexes in THORN's band (`ACTION_INDEX_BASE`), filters THORN's priorities.
+
+Offload: rules and their shared actions carry `skip_hw` (or `skip_sw` with
+`offload=True`, for switchdev NICs); the two must agree or the kernel refuses the filter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pyroute2 import AsyncIPRoute
+
+from thorn_programmer.drivers.netlink import MissingDevice, NetlinkDatapath, owned_prio
+from thorn_programmer.intent import HostIntent, Intent
+from thorn_programmer.kernel import (
+    ACTION_INDEX_BAND,
+    ACTION_INDEX_BASE,
+    BROADCAST_MAC,
+    PRIO_DECAP,
+    PRIO_ENCAP,
+    PRIO_FLOOD,
+    VXLAN_PORT,
+    Change,
+    DecapRule,
+    EncapRule,
+    FloodRule,
+    KernelObject,
+    StrayRule,
+    TunnelAction,
+)
+from thorn_programmer.netlink import (
+    ActionRef,
+    AnyAction,
+    Control,
+    FilterState,
+    FlowerFilter,
+    FlowerMatch,
+    Gact,
+    Mirred,
+    TcSocket,
+    TunnelKeySet,
+    TunnelKeyUnset,
+    action_add,
+    action_delete,
+    action_replace,
+    filter_add,
+    filter_delete,
+    filter_replace,
+)
+from thorn_programmer.render import FLOWER_TUNNEL, flower_objects
+
+GROUP_BIT = "01:00:00:00:00:00"  # dst_mac/mask for every group (broadcast, multicast) address
+
+
+def owned_index(index: int) -> bool:
+    return ACTION_INDEX_BASE <= index < ACTION_INDEX_BASE + ACTION_INDEX_BAND
+
+
+class FlowerDriver(NetlinkDatapath):
+    name: ClassVar[str] = "flower"
+
+    def __init__(
+        self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket, *, offload: bool = False
+    ) -> None:
+        super().__init__(ip, netns, tc)
+        self.skip_hw, self.skip_sw = (False, True) if offload else (True, False)
+        self._peer_of_tep: dict[str, str] = {}
+        self._index: dict[tuple[str, int], int] = {}  # (peer, vni) -> shared action index
+
+    def render(self, intent: Intent) -> list[KernelObject]:
+        assert isinstance(intent, HostIntent)
+        # Reading back needs to know whose TEP a tunnel action points at.
+        self._peer_of_tep = {tep: peer.host for peer in intent.peers for tep in peer.teps.values()}
+        return flower_objects(intent)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    async def read(self) -> list[KernelObject]:
+        objects = await super().read()  # devices, addresses, routes, clsact, u32
+        names = {i: n for n, i in self.ifindex.items()}
+        by_index: dict[int, tuple[str, int]] = {}
+        self._index = {}
+        for state in await asyncio.to_thread(self.tc.actions, "tunnel_key"):
+            if not owned_index(state.index):
+                continue
+            spec = state.action
+            if not isinstance(spec, TunnelKeySet) or spec.key_id is None:
+                objects.append(TunnelAction(f"?{state.index}", -1, "", "", index=state.index))
+                continue
+            peer = self._peer_of_tep.get(str(spec.dst), f"?{spec.dst}")
+            action = TunnelAction(peer, spec.key_id, str(spec.src), str(spec.dst),
+                                  index=state.index)  # fmt: skip
+            by_index[state.index] = (peer, spec.key_id)
+            self._index[(peer, spec.key_id)] = state.index
+            objects.append(action)
+        for dev, index in self.ifindex.items():
+            if not type(self).rule_devices(dev):
+                continue
+            try:
+                filters = await asyncio.to_thread(self.tc.filters, index)
+            except OSError:
+                continue  # no clsact on it: no filters
+            for f in filters:
+                if owned_prio(f.spec.priority):
+                    objects.append(self._rule(dev, f, by_index, names))
+        return objects
+
+    def _rule(
+        self,
+        dev: str,
+        f: FilterState,
+        by_index: dict[int, tuple[str, int]],
+        names: dict[int, str],
+    ) -> KernelObject:
+        spec, match, prio = f.spec, f.spec.match, f.spec.priority
+        stray = StrayRule(dev, prio, spec.handle, "flower")
+        mac = BROADCAST_MAC if match.eth_dst_mask == GROUP_BIT else match.eth_dst
+        if f.unmodelled or mac is None:
+            return stray
+        kinds = [type(a.action) for a in f.actions]
+        mirrors = [names.get(a.action.ifindex, "?") for a in f.actions
+                   if isinstance(a.action, Mirred)]  # fmt: skip
+        bound = [by_index.get(a.index, (f"?{a.index}", -1)) for a in f.actions
+                 if isinstance(a.action, TunnelKeySet)]  # fmt: skip
+        if dev == FLOWER_TUNNEL and prio == PRIO_DECAP and match.enc_key_id is not None:
+            if kinds[:1] == [TunnelKeyUnset] and mirrors:
+                return DecapRule(match.enc_key_id, mac, tuple(mirrors), handle=spec.handle)
+        elif prio == PRIO_ENCAP and len(bound) == 1 and mirrors == [FLOWER_TUNNEL]:
+            peer, vni = bound[0]
+            return EncapRule(dev, mac, peer, vni, handle=spec.handle)
+        elif prio >= PRIO_FLOOD and f.actions and isinstance(f.actions[-1].action, Gact):
+            verdict = f.actions[-1].action.control
+            locals_ = tuple(m for m in mirrors if m != FLOWER_TUNNEL)
+            vni = bound[0][1] if bound else -1
+            return FloodRule(dev, prio - PRIO_FLOOD, vni, tuple(p for p, _ in bound),
+                             last=verdict == Control.SHOT, mirrors=locals_,
+                             handle=spec.handle)  # fmt: skip
+        return stray
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def _message(self, change: Change) -> bytes | None:
+        obj = change.obj
+        match obj:
+            case TunnelAction():
+                return self._tunnel_message(change, obj)
+            case EncapRule() | FloodRule() | DecapRule():
+                return self._filter_message(change)
+            case StrayRule():
+                return filter_delete(self._filter_at(obj.dev, obj.prio, obj.handle, obj))
+        return None
+
+    def _tunnel_key(self, t: TunnelAction, index: int) -> TunnelKeySet:
+        return TunnelKeySet(
+            src=ipaddress.ip_address(t.src), dst=ipaddress.ip_address(t.dst), key_id=t.vni,
+            dst_port=VXLAN_PORT, index=index,
+        )  # fmt: skip
+
+    def _tunnel_message(self, change: Change, obj: TunnelAction) -> bytes:
+        if change.op == "delete":
+            self._index.pop((obj.peer, obj.vni), None)
+            return action_delete("tunnel_key", obj.index)
+        new = change.new
+        assert isinstance(new, TunnelAction)
+        hw, sw = self.skip_hw, self.skip_sw
+        if change.op == "replace":  # the failover flip: every bound rule follows
+            assert isinstance(change.old, TunnelAction)
+            return action_replace(self._tunnel_key(new, change.old.index), skip_hw=hw, skip_sw=sw)
+        index = self._free_index()
+        self._index[(new.peer, new.vni)] = index  # rules later in this batch bind to it
+        return action_add(self._tunnel_key(new, index), skip_hw=hw, skip_sw=sw)
+
+    def _free_index(self) -> int:
+        used = set(self._index.values())
+        for index in range(ACTION_INDEX_BASE, ACTION_INDEX_BASE + ACTION_INDEX_BAND):
+            if index not in used:
+                return index
+        raise RuntimeError("THORN's tc action index band is full")
+
+    def _bound(self, peer: str, vni: int, what: KernelObject) -> ActionRef:
+        index = self._index.get((peer, vni))
+        if index is None:
+            raise MissingDevice(f"tunnel action of {peer}/{vni}", what)
+        return ActionRef("tunnel_key", index)
+
+    def _filter_at(self, dev: str, prio: int, handle: int, what: KernelObject) -> FlowerFilter:
+        return FlowerFilter(ifindex=self.index_of(dev, what), priority=prio, handle=handle,
+                            skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
+
+    def _spec(self, obj: KernelObject, handle: int) -> FlowerFilter:
+        tunnel = self.index_of(FLOWER_TUNNEL, obj)
+        actions: Sequence[AnyAction]
+        match obj:
+            case EncapRule():
+                dev, prio = obj.dev, PRIO_ENCAP
+                match_ = FlowerMatch(eth_dst=obj.mac)
+                actions = (self._bound(obj.peer, obj.vni, obj), Mirred.redirect(tunnel))
+            case FloodRule():
+                dev, prio = obj.dev, PRIO_FLOOD + obj.part
+                match_ = FlowerMatch(eth_dst=GROUP_BIT, eth_dst_mask=GROUP_BIT)
+                copies: list[AnyAction] = [Mirred.mirror(self.index_of(m, obj))
+                                           for m in obj.mirrors]  # fmt: skip
+                for peer in obj.peers:
+                    copies += [self._bound(peer, obj.vni, obj), Mirred.mirror(tunnel)]
+                # UNSPEC: classification goes on to the next part; the last one drops.
+                verdict = Control.SHOT if obj.last else Control.UNSPEC
+                actions = (*copies, Gact(verdict))
+            case DecapRule():
+                dev, prio = FLOWER_TUNNEL, PRIO_DECAP
+                if obj.mac == BROADCAST_MAC:
+                    match_ = FlowerMatch(enc_key_id=obj.vni, eth_dst=GROUP_BIT,
+                                         eth_dst_mask=GROUP_BIT)  # fmt: skip
+                else:
+                    match_ = FlowerMatch(enc_key_id=obj.vni, eth_dst=obj.mac)
+                reps = [self.index_of(r, obj) for r in obj.reps]
+                outs: list[AnyAction] = [Mirred.mirror(r) for r in reps[:-1]]
+                actions = (TunnelKeyUnset(), *outs, Mirred.redirect(reps[-1]))
+            case _:
+                raise TypeError(obj)
+        return FlowerFilter(ifindex=self.index_of(dev, obj), priority=prio, match=match_,
+                            actions=tuple(actions), handle=handle, skip_hw=self.skip_hw,
+                            skip_sw=self.skip_sw)  # fmt: skip
+
+    def _filter_message(self, change: Change) -> bytes:
+        old_handle = _handle(change.old)
+        if change.op == "delete":
+            assert change.old is not None
+            return filter_delete(self._spec(change.old, old_handle))
+        assert change.new is not None
+        if change.op == "replace":
+            return filter_replace(self._spec(change.new, old_handle))
+        return filter_add(self._spec(change.new, 0))
+
+
+def _handle(obj: Any) -> int:
+    return int(getattr(obj, "handle", 0))
