@@ -21,7 +21,13 @@ import pytest
 
 from thorn.bus import Bus, DesiredStateStore
 from thorn.desired import node_key
-from thorn.events import AGENT_APPLIED_ALL, DESIRED_STATE_KV, DatapathApplied, LinkHealthChanged
+from thorn.events import (
+    AGENT_APPLIED_ALL,
+    DESIRED_STATE_KV,
+    DatapathApplied,
+    LinkHealthChanged,
+    TopologyChanged,
+)
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.lab import faults, traffic
@@ -175,3 +181,33 @@ async def test_the_source_agent_fails_over_locally_on_its_own(controller: Contro
     await controller.agents["host1"].flip("host3", "blue", "test: red path black-holed")
     report = await asyncio.to_thread(hit.wait)
     assert 0 < report.lost < 200 and report.lost_ranges_total == 1, report.lost_ranges
+
+
+async def test_draining_a_link_in_use_moves_its_flows_without_losing_a_packet(
+    controller: Controller,
+) -> None:
+    """Make-before-break: the drained link still works, so a flow on it must move off it
+    (the new routes installed destination outward, each stage after the agents applied the
+    one before) without a single loss."""
+    lab, store = controller.lab, controller.store
+    used = controller.red_link("host1", "host3")
+    warm = await asyncio.to_thread(traffic.run, lab, traffic.StreamSpec(
+        src="host1-vf0", dst="host3-vf0", rate_pps=500, count=20, duration_s=1))  # fmt: skip
+    assert warm.received == 20
+    flow = await asyncio.to_thread(stream, lab, "host1", "host3", 3000, 5004)
+    await asyncio.sleep(1.0)
+    fabric = await store.load()
+    revision = await store.commit(
+        fabric.drain_link(used), expected_revision=fabric.revision,
+        next_link_id=fabric.next_link_id, actor="test", action="link.drain",
+        target=str(used), detail={},
+    )  # fmt: skip
+    await controller.service.on_topology(
+        TopologyChanged(revision=revision, at=datetime.now(UTC), actor="test", changes=[])
+    )
+    await controller.settled()
+    assert controller.service.plan is not None
+    red = controller.service.plan.pair("host1", "host3").red
+    assert red is not None and used not in red.links
+    report = await asyncio.to_thread(flow.wait)
+    assert report.lost == 0, report.lost_ranges
