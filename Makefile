@@ -44,6 +44,7 @@ bench: venv
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python tests/bench/bench_topology.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_pathcomp.py --write docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_datapath.py --report docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache  # .thorn (store, token) is kept

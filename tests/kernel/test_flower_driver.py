@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from twohosts import VNI, TwoHosts, sh, tx_packets, udp_exchange
@@ -39,7 +40,7 @@ async def program(lab: TwoHosts, colour: ColourName = "red") -> None:
             assert result.ok, result.errors
 
 
-def tc_json(ns: str, *args: str) -> list[dict[str, object]]:
+def tc_json(ns: str, *args: str) -> list[dict[str, Any]]:
     out = sh("tc", "-n", ns, "-j", *args)
     return json.loads(out) if out.strip() else []
 
@@ -87,7 +88,8 @@ async def test_the_rules_read_back_through_tc_json(hosts: TwoHosts) -> None:
     assert kinds == ["tunnel_key", "mirred"]
     index = options["actions"][0]["index"]
     assert index >= ACTION_INDEX_BASE
-    [action] = [a for a in tc_json(ns, "actions", "ls", "action", "tunnel_key")[0]["actions"]
+    listed = tc_json(ns, "actions", "ls", "action", "tunnel_key")
+    [action] = [a for part in listed if isinstance(part, dict) for a in part.get("actions", [])
                 if a["index"] == index]  # fmt: skip
     assert (action["dst_ip"], action["key_id"], action["dst_port"]) == (
         hosts.teps["h2"]["red"], VNI, 4789)  # fmt: skip

@@ -80,6 +80,7 @@ class FlowerDriver(NetlinkDatapath):
         self.skip_hw, self.skip_sw = (False, True) if offload else (True, False)
         self._peer_of_tep: dict[str, str] = {}
         self._index: dict[tuple[str, int], int] = {}  # (peer, vni) -> shared action index
+        self._handles: dict[tuple[object, ...], int] = {}  # rule key -> filter handle
 
     def render(self, intent: Intent) -> list[KernelObject]:
         assert isinstance(intent, HostIntent)
@@ -93,7 +94,7 @@ class FlowerDriver(NetlinkDatapath):
         objects = await super().read()  # devices, addresses, routes, clsact, u32
         names = {i: n for n, i in self.ifindex.items()}
         by_index: dict[int, tuple[str, int]] = {}
-        self._index = {}
+        self._index, self._handles = {}, {}
         for state in await asyncio.to_thread(self.tc.actions, "tunnel_key"):
             if not owned_index(state.index):
                 continue
@@ -116,7 +117,9 @@ class FlowerDriver(NetlinkDatapath):
                 continue  # no clsact on it: no filters
             for f in filters:
                 if owned_prio(f.spec.priority):
-                    objects.append(self._rule(dev, f, by_index, names))
+                    rule = self._rule(dev, f, by_index, names)
+                    self._handles[rule.key] = f.spec.handle
+                    objects.append(rule)
         return objects
 
     def _rule(
@@ -171,15 +174,22 @@ class FlowerDriver(NetlinkDatapath):
         )  # fmt: skip
 
     def _tunnel_message(self, change: Change, obj: TunnelAction) -> bytes:
+        if change.old is not None:
+            assert isinstance(change.old, TunnelAction)
+            obj = change.old
+        # The kernel's index: from the object read back, else from what this driver last
+        # read or made (a flip diffs two renderings, which carry no indexes).
+        known = obj.index or self._index.get((obj.peer, obj.vni), 0)
         if change.op == "delete":
             self._index.pop((obj.peer, obj.vni), None)
-            return action_delete("tunnel_key", obj.index)
+            return action_delete("tunnel_key", known)
         new = change.new
         assert isinstance(new, TunnelAction)
         hw, sw = self.skip_hw, self.skip_sw
         if change.op == "replace":  # the failover flip: every bound rule follows
-            assert isinstance(change.old, TunnelAction)
-            return action_replace(self._tunnel_key(new, change.old.index), skip_hw=hw, skip_sw=sw)
+            if not known:
+                raise MissingDevice(f"tunnel action of {new.peer}/{new.vni}", new)
+            return action_replace(self._tunnel_key(new, known), skip_hw=hw, skip_sw=sw)
         index = self._free_index()
         self._index[(new.peer, new.vni)] = index  # rules later in this batch bind to it
         return action_add(self._tunnel_key(new, index), skip_hw=hw, skip_sw=sw)
@@ -236,7 +246,7 @@ class FlowerDriver(NetlinkDatapath):
                             skip_sw=self.skip_sw)  # fmt: skip
 
     def _filter_message(self, change: Change) -> bytes:
-        old_handle = _handle(change.old)
+        old_handle = _handle(change.old) or self._handles.get(change.obj.key, 0)
         if change.op == "delete":
             assert change.old is not None
             return filter_delete(self._spec(change.old, old_handle))
