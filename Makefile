@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint openapi bench venv test-deps clean
+.PHONY: run test test-kernel lint openapi bench venv test-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,16 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy, and the
-## fabric lane: network namespaces on this kernel, as root)
+## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy, the
+## fabric lane: network namespaces on this kernel, as root, and the kernel lane)
 test: venv test-deps lint
 	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric
+	$(BIN)/python tests/kernel/lane.py
+
+## test-kernel: the kernel lane alone: Debian's kernel under qemu (TCG) via virtme-ng, with
+## cls_flower, act_tunnel_key and Soft-RoCE; installs qemu, the kernel, rdma tools (apt)
+test-kernel: venv
+	$(BIN)/python tests/kernel/lane.py
 
 ## openapi: write the merged OpenAPI document of all services
 openapi: venv
@@ -47,4 +53,4 @@ bench: venv
 	$(BIN)/python tests/bench/bench_datapath.py --report docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache  # .thorn (store, token) is kept
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache  # .thorn (store, token) is kept

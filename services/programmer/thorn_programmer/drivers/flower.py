@@ -108,11 +108,9 @@ class FlowerDriver(NetlinkDatapath):
             by_index[state.index] = (peer, spec.key_id)
             self._index[(peer, spec.key_id)] = state.index
             objects.append(action)
-        for dev, index in self.ifindex.items():
-            if not type(self).rule_devices(dev):
-                continue
+        for dev in self.clsact_devices:
             try:
-                filters = await asyncio.to_thread(self.tc.filters, index)
+                filters = await asyncio.to_thread(self.tc.filters, self.ifindex[dev])
             except OSError:
                 continue  # no clsact on it: no filters
             for f in filters:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -102,16 +102,15 @@ class NetlinkDatapath:
     """One namespace's THORN objects: read, diff (kernel.diff), apply."""
 
     name: ClassVar[str] = "netlink"
-    # Which devices' ingress filters to read: representors and our own tunnel devices.
-    rule_devices: ClassVar[Callable[[str], bool]] = staticmethod(
-        lambda name: name.endswith("_rep") or is_own_device(name)
-    )
 
     def __init__(self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket) -> None:
         self.ip = ip
         self.netns = netns
         self.tc = tc  # a raw rtnetlink socket for prebuilt messages and batches
         self.ifindex: dict[str, int] = {}
+        # Devices with a clsact qdisc (where filters can be): THORN's rules are found there
+        # by their priority, whatever the device is called.
+        self.clsact_devices: list[str] = []
 
     @classmethod
     @asynccontextmanager
@@ -156,13 +155,12 @@ class NetlinkDatapath:
                 via = r.get("RTA_GATEWAY")
                 objects.append(Route(prefix=_prefix(r.get("RTA_DST"), r["dst_len"], family),
                                      dev=names.get(r.get("RTA_OIF"), "?"), via=via))  # fmt: skip
-        clsact: list[str] = []
+        self.clsact_devices = []
         async for q in await self.ip.tc("dump"):
             if q.get("TCA_KIND") == "clsact" and q["index"] in names:
-                clsact.append(names[q["index"]])
-        for dev in clsact:
-            if type(self).rule_devices(dev):
-                objects.append(Clsact(dev=dev))
+                self.clsact_devices.append(names[q["index"]])
+        for dev in self.clsact_devices:
+            objects.append(Clsact(dev=dev))
             filters = [f async for f in await self.ip.get_filters(
                 index=self.ifindex[dev], parent=u32.INGRESS)]  # fmt: skip
             objects.extend(self._read_filters(dev, filters, names))
