@@ -28,6 +28,7 @@ from rich.table import Table
 from thorn.auth import new_token
 from thorn.config import Settings
 from thorn.natsd import EmbeddedNats, free_port
+from thorn.proc import die_with_parent
 from thorn.telemetry import configure_logging
 
 console = Console()
@@ -72,6 +73,7 @@ def _spawn(name: str, port: int, env: dict[str, str], logs: Path) -> Child:
         stdout=handle,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # Ctrl-C reaches the launcher only; it stops children in order
+        preexec_fn=die_with_parent,
     )
     handle.close()
     return Child(name, port, process, log)

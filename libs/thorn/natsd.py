@@ -26,6 +26,8 @@ from typing import IO, NoReturn, Self
 
 import structlog
 
+from thorn.proc import die_with_parent
+
 log = structlog.get_logger("thorn.natsd")
 
 BINARY_NAME = "nats-server"
@@ -276,6 +278,7 @@ class EmbeddedNats:
         ]
         self._proc = subprocess.Popen(
             args,
+            preexec_fn=die_with_parent,  # no orphaned nats-server if we are killed
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,

@@ -103,3 +103,24 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
     assert again.returncode == 0
     assert token not in output.decode(errors="replace")
     assert not any(Path(f"/proc/{pid}").exists() for pid in services)
+
+
+def test_services_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
+    """SIGKILL leaves the launcher no time to stop anything: its services stop themselves."""
+    port = free_port()
+    env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}",
+           "THORN_EMULATED_FABRIC": "0"}  # fmt: skip
+    env.pop("THORN_ADMIN_TOKEN", None)
+    script = Path(sys.executable).parent / "thorn-run"
+    run = subprocess.Popen([str(script)], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+    deadline = time.monotonic() + START
+    while len(services := children_of(run.pid)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(services) >= 4
+    run.kill()
+    run.wait()
+    deadline = time.monotonic() + STOP
+    while any(Path(f"/proc/{pid}").exists() for pid in services) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(Path(f"/proc/{pid}").exists() for pid in services)

@@ -405,3 +405,11 @@ def test_every_generator_gives_covered_loop_free_pairs_that_hide_no_risk(
     for pair in pairs(plan):
         check_pair(fabric, pair)  # both routes exist, are real and loop-free; risks are exact
     assert plan.summary.unreachable_pairs == 0
+
+
+def test_worker_processes_compute_exactly_the_serial_plan() -> None:
+    fabric = Fabric.from_document(fat_tree(16))  # 128 groups: enough to share out
+    serial = Plan.compute(fabric, summarise=False, workers=1)
+    shared = Plan.compute(fabric, summarise=False, workers=2)
+    assert list(shared.trees) == list(serial.trees)
+    assert shared.trees == serial.trees
