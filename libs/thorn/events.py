@@ -11,6 +11,7 @@ which is why the per-node wildcards use '>'):
     paths.changed               PathsChanged        stream THORN_PATHS
     failover.<node>             FailoverEvent       stream THORN_FAILOVER (failover history)
     agent.report.<node>         (core NATS only, not persisted; schema owned by the agents)
+    agent.applied.<node>        DatapathApplied     (core NATS only: an agent reconciled its datapath)
 
 Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
 """
@@ -38,7 +39,7 @@ FAILOVER_ALL = "failover.>"
 AGENT_REPORT_PREFIX = "agent.report"
 AGENT_REPORT_ALL = "agent.report.>"
 AGENT_APPLIED_PREFIX = "agent.applied"
-AGENT_APPLIED_ALL = "agent.applied.*"
+AGENT_APPLIED_ALL = "agent.applied.>"  # ">": a node name may span tokens
 
 # What a node name may look like inside a subject: the domain model's Name (letters, digits,
 # '.', '_', '-'), so never a wildcard, whitespace or an empty token.
