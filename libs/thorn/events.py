@@ -11,7 +11,7 @@ which is why the per-node wildcards use '>'):
     paths.changed               PathsChanged        stream THORN_PATHS
     failover.<node>             FailoverEvent       stream THORN_FAILOVER (failover history)
     agent.report.<node>         (core NATS only, not persisted; schema owned by the agents)
-    agent.applied.<node>        DatapathApplied     (core NATS only: an agent reconciled its datapath)
+    agent.applied.<node>        DatapathApplied     (core NATS only: a datapath reconciled)
 
 Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
 """

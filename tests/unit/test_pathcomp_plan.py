@@ -408,7 +408,7 @@ def test_every_generator_gives_covered_loop_free_pairs_that_hide_no_risk(
 
 
 def test_worker_processes_compute_exactly_the_serial_plan() -> None:
-    fabric = Fabric.from_document(fat_tree(16))  # 128 groups: enough to share out
+    fabric = Fabric.from_document(fat_tree(24))  # 288 groups: enough to share out
     serial = Plan.compute(fabric, summarise=False, workers=1)
     shared = Plan.compute(fabric, summarise=False, workers=2)
     assert list(shared.trees) == list(serial.trees)

@@ -180,7 +180,7 @@ def relayer(
     return relayered, redo | missing[0] | missing[1] | trees.missing[0] | trees.missing[1]
 
 
-PARALLEL_FROM = 128  # groups: below this a worker's start-up and transfer cost more than it saves
+PARALLEL_FROM = 256  # groups: below this a worker's start-up and transfer cost more than it saves
 _shared: FabricGraph | None = None  # the graph, inherited by forked workers (not pickled)
 
 

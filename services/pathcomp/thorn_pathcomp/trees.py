@@ -26,7 +26,6 @@ SRLG with the first colour's path. Ties always break by switch number, then link
 from __future__ import annotations
 
 import heapq
-from collections import deque
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import NamedTuple
@@ -137,39 +136,48 @@ def layers_and_colours(
     adjacency = graph.adjacency
     level = [INF] * n
     colour = [-1] * n
-    queue: deque[SwitchId] = deque()
-    for s in group:
-        level[s] = 0
-        queue.append(s)
     single = len(group) == 1
     if not single:
         for i, s in enumerate(group):
             colour[s] = i % 2
-    layers: list[list[SwitchId]] = [sorted(group)]
-    while queue:
-        v = queue.popleft()
-        for u, _ in adjacency[v]:
-            if level[u] == INF:
-                level[u] = level[v] + 1
-                queue.append(u)
-                if level[u] == len(layers):
-                    layers.append([])
-                layers[level[u]].append(u)
-    # Layer by layer, each in switch number order: the order depends on distances only, so a
-    # link that changes no distance changes no colour (what incremental updates rely on).
-    order = [v for layer in layers for v in sorted(layer)]
+    # Breadth first, a layer at a time; `below[v]`: v's neighbours one layer nearer (each
+    # edge is looked at once, from its nearer end: the colouring then reads only these).
+    below: list[list[SwitchId]] = [[] for _ in range(n)]
+    frontier = sorted(group)
+    for s in frontier:
+        level[s] = 0
+    order: list[SwitchId] = []
+    depth = 0
+    while frontier:
+        depth += 1
+        nxt: list[SwitchId] = []
+        for v in frontier:
+            for u, _ in adjacency[v]:
+                lu = level[u]
+                if lu == INF:
+                    level[u] = depth
+                    nxt.append(u)
+                    below[u].append(v)
+                elif lu == depth:
+                    below[u].append(v)
+        # Each layer in switch number order: the order depends on distances only, so a
+        # link that changes no distance changes no colour (what incremental updates rely on).
+        nxt.sort()
+        order.extend(nxt)
+        frontier = nxt
+    order = [*sorted(group), *order]
     alternate = 0
     for v in order:
-        lv = level[v]
-        if lv == 0:
+        if level[v] == 0:
             continue
         seen = 0  # bit c: a shortest-path neighbour has colour c
-        for u, _ in adjacency[v]:
-            if level[u] == lv - 1 and colour[u] >= 0:
-                seen |= 1 << colour[u]
+        for u in below[v]:
+            cu = colour[u]
+            if cu >= 0:
+                seen |= 1 << cu
                 if seen == 3:
                     break
-        if (single and lv == 1) or seen not in (1, 2):
+        if (single and level[v] == 1) or seen not in (1, 2):
             colour[v] = alternate % 2
             alternate += 1
         else:

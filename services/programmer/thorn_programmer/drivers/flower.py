@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from pyroute2 import AsyncIPRoute
 
 from thorn_programmer.drivers.netlink import MissingDevice, NetlinkDatapath, owned_prio
+from thorn_programmer.drivers.templates import (
+    PLACEHOLDER_DST,
+    PLACEHOLDER_INDEX,
+    PLACEHOLDER_MAC,
+    PLACEHOLDER_SRC,
+    PLACEHOLDER_VNI,
+    Template,
+)
 from thorn_programmer.intent import HostIntent, Intent
 from thorn_programmer.kernel import (
     ACTION_INDEX_BAND,
@@ -81,6 +89,8 @@ class FlowerDriver(NetlinkDatapath):
         self._peer_of_tep: dict[str, str] = {}
         self._index: dict[tuple[str, int], int] = {}  # (peer, vni) -> shared action index
         self._handles: dict[tuple[object, ...], int] = {}  # rule key -> filter handle
+        self._templates: dict[object, Template | None] = {}
+        self._next_index = ACTION_INDEX_BASE
 
     def render(self, intent: Intent) -> list[KernelObject]:
         assert isinstance(intent, HostIntent)
@@ -190,14 +200,32 @@ class FlowerDriver(NetlinkDatapath):
             return action_replace(self._tunnel_key(new, known), skip_hw=hw, skip_sw=sw)
         index = self._free_index()
         self._index[(new.peer, new.vni)] = index  # rules later in this batch bind to it
+        stamp = self._template("action_add", self._action_template)
+        if stamp is not None and _is_v4(new.src) and _is_v4(new.dst):
+            return stamp.stamp(index=index, src=new.src, dst=new.dst, vni=new.vni)
         return action_add(self._tunnel_key(new, index), skip_hw=hw, skip_sw=sw)
 
+    def _action_template(self) -> bytes:
+        placeholder = TunnelAction("", PLACEHOLDER_VNI, PLACEHOLDER_SRC, PLACEHOLDER_DST)
+        return action_add(self._tunnel_key(placeholder, PLACEHOLDER_INDEX),
+                          skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
+
+    def _template(self, key: object, build: Callable[[], bytes]) -> Template | None:
+        if key not in self._templates:
+            fields = _TEMPLATE_FIELDS[key if isinstance(key, str) else "encap_add"]
+            self._templates[key] = Template.of(build(), fields)
+        return self._templates[key]
+
     def _free_index(self) -> int:
-        used = set(self._index.values())
-        for index in range(ACTION_INDEX_BASE, ACTION_INDEX_BASE + ACTION_INDEX_BAND):
-            if index not in used:
-                return index
-        raise RuntimeError("THORN's tc action index band is full")
+        used = self._index.values()
+        if len(used) >= ACTION_INDEX_BAND - 1:  # the last index is the template placeholder's
+            raise RuntimeError("THORN's tc action index band is full")
+        taken = set(used)
+        while self._next_index in taken or self._next_index == PLACEHOLDER_INDEX:
+            self._next_index += 1
+            if self._next_index >= ACTION_INDEX_BASE + ACTION_INDEX_BAND:
+                self._next_index = ACTION_INDEX_BASE
+        return self._next_index
 
     def _bound(self, peer: str, vni: int, what: KernelObject) -> ActionRef:
         index = self._index.get((peer, vni))
@@ -207,6 +235,14 @@ class FlowerDriver(NetlinkDatapath):
 
     def _filter_at(self, dev: str, prio: int, handle: int, what: KernelObject) -> FlowerFilter:
         return FlowerFilter(ifindex=self.index_of(dev, what), priority=prio, handle=handle,
+                            skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
+
+    def _spec_bound(self, obj: EncapRule, index: int) -> FlowerFilter:
+        """An encap rule's filter bound to action `index` (the template's placeholder)."""
+        tunnel = self.index_of(FLOWER_TUNNEL, obj)
+        return FlowerFilter(ifindex=self.index_of(obj.dev, obj), priority=PRIO_ENCAP,
+                            match=FlowerMatch(eth_dst=obj.mac),
+                            actions=(ActionRef("tunnel_key", index), Mirred.redirect(tunnel)),
                             skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
 
     def _spec(self, obj: KernelObject, handle: int) -> FlowerFilter:
@@ -251,7 +287,29 @@ class FlowerDriver(NetlinkDatapath):
         assert change.new is not None
         if change.op == "replace":
             return filter_replace(self._spec(change.new, old_handle))
-        return filter_add(self._spec(change.new, 0))
+        obj = change.new
+        if isinstance(obj, EncapRule):  # thousands of these: stamped from a template
+            tunnel, rep = self.index_of(FLOWER_TUNNEL, obj), self.index_of(obj.dev, obj)
+            index = self._bound(obj.peer, obj.vni, obj).index
+            placeholder = EncapRule(obj.dev, PLACEHOLDER_MAC, "", 0)
+
+            def build() -> bytes:
+                return filter_add(self._spec_bound(placeholder, PLACEHOLDER_INDEX))
+
+            stamp = self._template(("encap_add", rep, tunnel), build)
+            if stamp is not None:
+                return stamp.stamp(mac=obj.mac, index=index)
+        return filter_add(self._spec(obj, 0))
+
+
+_TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
+    "action_add": ("index", "src", "dst", "vni"),
+    "encap_add": ("mac", "index"),
+}
+
+
+def _is_v4(address: str) -> bool:
+    return "." in address
 
 
 def _handle(obj: Any) -> int:
