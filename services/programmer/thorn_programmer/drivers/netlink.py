@@ -18,6 +18,7 @@ import asyncio
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,6 +50,7 @@ from thorn_programmer.kernel import (
 )
 from thorn_programmer.netlink import TcBatchError, TcError, TcSocket
 
+CHUNK = 1024  # prebuilt messages per batch handed to the sender
 MAIN_TABLE = 254
 SCOPE_LINK = 253
 NUD_NOARP_PERMANENT = 0xC0
@@ -111,13 +113,18 @@ class NetlinkDatapath:
         # Devices with a clsact qdisc (where filters can be): THORN's rules are found there
         # by their priority, whatever the device is called.
         self.clsact_devices: list[str] = []
+        self._sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="netlink-send")
 
     @classmethod
     @asynccontextmanager
     async def open(cls, netns: str | None = None) -> AsyncIterator[NetlinkDatapath]:
         async with AsyncIPRoute(netns=netns) as ip:
             with TcSocket(netns) as tc:
-                yield cls(ip, netns, tc)
+                driver = cls(ip, netns, tc)
+                try:
+                    yield driver
+                finally:
+                    driver._sender.shutdown(wait=True)
 
     def render(self, intent: Intent) -> list[KernelObject]:
         raise NotImplementedError
@@ -211,6 +218,9 @@ class NetlinkDatapath:
         if not self.ifindex or not names <= self.ifindex.keys():
             await self._links()
         batch: list[tuple[Change, bytes]] = []
+        # Full chunks go out while the next are built: the kernel works (in sendmsg, without
+        # the GIL) while Python encodes. One sender thread keeps them in order.
+        sending: list[tuple[list[tuple[Change, bytes]], asyncio.Future[TcBatchError | None]]] = []
         for change in changes:
             try:
                 message = self._message(change)
@@ -219,8 +229,14 @@ class NetlinkDatapath:
                 continue
             if message is not None:
                 batch.append((change, message))
+                if len(batch) >= CHUNK:
+                    sending.append((batch, self._send(batch)))
+                    batch = []
                 continue
-            await self._send_batch(batch, report)  # what came before goes first
+            if batch:
+                sending.append((batch, self._send(batch)))
+                batch = []
+            await self._collect(sending, report)  # what came before goes first
             try:
                 await self._apply(change)
             except MissingDevice as exc:
@@ -231,27 +247,42 @@ class NetlinkDatapath:
                 report.errors.append(ApplyError(change, str(exc), exc.errno))
             else:
                 report.applied.append(change)
-        await self._send_batch(batch, report)
+        if batch:
+            sending.append((batch, self._send(batch)))
+        await self._collect(sending, report)
         return report
+
+    def _send(self, batch: list[tuple[Change, bytes]]) -> asyncio.Future[TcBatchError | None]:
+        loop = asyncio.get_running_loop()
+        return loop.run_in_executor(self._sender, self._send_now, [m for _, m in batch])
+
+    def _send_now(self, messages: list[bytes]) -> TcBatchError | None:
+        try:
+            self.tc.send_batch(messages)
+        except TcBatchError as exc:
+            return exc  # carried back to _collect, which knows the changes
+        return None
+
+    async def _collect(
+        self,
+        sending: list[tuple[list[tuple[Change, bytes]], asyncio.Future[TcBatchError | None]]],
+        report: ApplyReport,
+    ) -> None:
+        for batch, future in sending:
+            failure = await future
+            refused: dict[int, TcError] = {}
+            if failure is not None:
+                refused = {e.index: e for e in failure.errors if e.index is not None}
+            for n, (change, _) in enumerate(batch):
+                if n in refused:
+                    report.errors.append(ApplyError(change, str(refused[n]), refused[n].errno))
+                else:
+                    report.applied.append(change)
+        sending.clear()
 
     def _message(self, change: Change) -> bytes | None:
         """The change as one prebuilt netlink message, for a batch; None: apply it alone."""
         return None
-
-    async def _send_batch(self, batch: list[tuple[Change, bytes]], report: ApplyReport) -> None:
-        if not batch:
-            return
-        refused: dict[int, TcError] = {}
-        try:
-            await asyncio.to_thread(self.tc.send_batch, [m for _, m in batch])
-        except TcBatchError as exc:
-            refused = {e.index: e for e in exc.errors if e.index is not None}
-        for n, (change, _) in enumerate(batch):
-            if n in refused:
-                report.errors.append(ApplyError(change, str(refused[n]), refused[n].errno))
-            else:
-                report.applied.append(change)
-        batch.clear()
 
     def index_of(self, dev: str, what: KernelObject) -> int:
         try:
