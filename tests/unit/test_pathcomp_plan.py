@@ -22,7 +22,10 @@ from thorn.model import (
     PortSpec,
     Role,
 )
+from thorn_pathcomp import fast
+from thorn_pathcomp.graph import FabricGraph
 from thorn_pathcomp.plan import PairPlan, Plan, UnknownHost
+from thorn_pathcomp.trees import compute_group
 
 
 def pairs(plan: Plan) -> Iterator[PairPlan]:
@@ -407,9 +410,48 @@ def test_every_generator_gives_covered_loop_free_pairs_that_hide_no_risk(
     assert plan.summary.unreachable_pairs == 0
 
 
-def test_worker_processes_compute_exactly_the_serial_plan() -> None:
-    fabric = Fabric.from_document(fat_tree(24))  # 288 groups: enough to share out
-    serial = Plan.compute(fabric, summarise=False, workers=1)
-    shared = Plan.compute(fabric, summarise=False, workers=2)
-    assert list(shared.trees) == list(serial.trees)
-    assert shared.trees == serial.trees
+# --- the array path (fast.py) gives exactly the Python path's trees ----------------------------
+
+
+def assert_fast_equals_python(fabric: Fabric) -> int:
+    """Every group the array path takes: the same GroupTrees as trees.compute_group."""
+    graph = FabricGraph.from_fabric(fabric)
+    sources, taken = graph.sources, 0
+    for group in (g for g in graph.groups if g):
+        quick = fast.compute_group(graph, group, sources)
+        if quick is not None:
+            taken += 1
+            assert quick == compute_group(graph, group, sources), group
+    return taken
+
+
+@pytest.mark.parametrize(
+    ("doc", "clos"),
+    [(leaf_spine(4, 8, 2), True), (leaf_spine(3, 6, 2, dual_homed=True), True),
+     (fat_tree(4), True), (fat_tree(8), True), (rail_optimized(), True),
+     (dual_plane(), False)],
+    ids=["leaf-spine", "leaf-spine-dual", "fat-tree-4", "fat-tree-8", "rail", "dual-plane"],
+)  # fmt: skip
+def test_the_array_path_computes_the_same_trees_on_every_generator(
+    doc: FabricDocument, clos: bool
+) -> None:
+    taken = assert_fast_equals_python(Fabric.from_document(doc))
+    if clos:  # Clos fabrics always take the array path
+        assert taken > 0
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(biconnected(), two_edge_connected()))
+def test_the_array_path_computes_the_same_trees_on_random_fabrics(fabric: Fabric) -> None:
+    assert_fast_equals_python(fabric)
+
+
+def test_a_failed_link_is_seen_the_same_by_both_paths() -> None:
+    fabric = Fabric.from_document(fat_tree(4))
+    plan = Plan.compute(fabric)
+    some = plan.graph.edges[len(plan.graph.edges) // 2].link_id
+    after, _ = plan.update_links({some: False}, 2)
+    graph = after.graph
+    for group in (g for g in graph.groups if g):
+        quick = fast.compute_group(graph, group, graph.sources)
+        assert quick is None or quick == compute_group(graph, group, graph.sources)

@@ -8,13 +8,11 @@ by the hosts in each group.
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from thorn.fabric import Fabric
+from thorn_pathcomp import fast
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group, SwitchId
 from thorn_pathcomp.stnumber import st_next_hops
 from thorn_pathcomp.trees import (
@@ -27,7 +25,6 @@ from thorn_pathcomp.trees import (
     compute_group,
     extend,
     group_seed,
-    layers_and_colours,
     other_choice,
     own_choice,
 )
@@ -127,7 +124,10 @@ def relayer(
     switch sees the same candidates with the same distances, so its choice stands: the result
     is what `compute_group` gives (tests compare them). None when too much moved."""
     group = trees.group
-    level, colour, _ = layers_and_colours(graph, group)
+    # The array layering (fast.py): the same levels and colours, without a Python loop over
+    # every edge (this is most of an aggregation-core failure's cost).
+    levels, colours, _ = fast.layers_and_colours(graph, group, fast.csr(graph))
+    level, colour = levels.tolist(), colours.tolist()
     n = len(level)
     moved = {v for v in range(n) if level[v] != trees.level[v] or colour[v] != trees.colour[v]}
     if len(moved) > n // 8:
@@ -180,50 +180,9 @@ def relayer(
     return relayered, redo | missing[0] | missing[1] | trees.missing[0] | trees.missing[1]
 
 
-PARALLEL_FROM = 256  # groups: below this a worker's start-up and transfer cost more than it saves
-_shared: FabricGraph | None = None  # the graph, inherited by forked workers (not pickled)
-
-
-def _workers(requested: int | None) -> int:
-    return max(1, requested if requested is not None else min(os.cpu_count() or 1, 4))
-
-
-def _chunk_trees(groups: list[Group]) -> list[GroupTrees]:
-    graph = _shared
-    assert graph is not None
-    sources = graph.sources
-    return [group_trees(graph, g, sources) for g in groups]
-
-
-def all_group_trees(
-    graph: FabricGraph, groups: list[Group], workers: int | None = None
-) -> dict[Group, GroupTrees]:
-    """Every group's trees; the same result however many processes share the work.
-
-    Workers are forked for this call and see the graph as it is (copy-on-write, nothing to
-    pickle); only their trees come back. They run pure computation: no locks, no I/O, so a
-    fork from a threaded service is safe here."""
-    global _shared
-    n = _workers(workers)
-    _shared = graph
-    try:
-        if n == 1 or len(groups) < PARALLEL_FROM:
-            return dict(zip(groups, _chunk_trees(groups), strict=True))
-        chunks = [groups[i::n] for i in range(n)]  # interleaved: similar work per chunk
-        context = multiprocessing.get_context("fork")
-        with ProcessPoolExecutor(max_workers=n - 1, mp_context=context) as pool:
-            futures = [pool.submit(_chunk_trees, chunk) for chunk in chunks[1:]]
-            results = [_chunk_trees(chunks[0]), *(f.result() for f in futures)]
-    finally:
-        _shared = None
-    by_group = {g: t for chunk, trees in zip(chunks, results, strict=True)
-                for g, t in zip(chunk, trees, strict=True)}  # fmt: skip
-    return {g: by_group[g] for g in groups}  # in the serial order
-
-
 def group_trees(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees:
     """The colour partition (shortest on Clos fabrics), or st-numberings where it falls short."""
-    trees = compute_group(graph, group, sources)
+    trees = fast.compute_group(graph, group, sources) or compute_group(graph, group, sources)
     if not trees.fallback:
         return trees
     red, blue = st_next_hops(graph, group)
@@ -375,12 +334,11 @@ class Plan:
                 self.users.get(edge, set()).discard(group)
 
     @classmethod
-    def compute(cls, fabric: Fabric, *, summarise: bool = True, workers: int | None = None) -> Plan:
-        """The whole plan. Groups are independent: with `workers` > 1 (default: the CPUs,
-        up to 4) a large fabric's groups are shared out to worker processes."""
+    def compute(cls, fabric: Fabric, *, summarise: bool = True) -> Plan:
         start = time.perf_counter()
         graph = FabricGraph.from_fabric(fabric)
-        trees = all_group_trees(graph, [g for g in graph.groups if g], workers)
+        sources = graph.sources
+        trees = {g: group_trees(graph, g, sources) for g in graph.groups if g}
         plan = cls(graph, trees, fabric.revision)
         if summarise:
             plan.summary = plan.summarise()

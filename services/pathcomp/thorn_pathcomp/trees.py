@@ -321,17 +321,21 @@ def extend(
     srlg_c: list[frozenset[str]],
     adjacency: list[list[tuple[SwitchId, int]]],
     edges: list[Edge],
+    seeds: list[tuple[int, SwitchId]] | None = None,
 ) -> None:
     """Give every switch still without colour c a next hop towards c's tree.
 
     A multi-source Dijkstra (unit weights) from the switches next to them that have a c
     path: nearest first, ties by switch number then link id, so the result is deterministic
-    and distances strictly fall along every next hop (no loops).
+    and distances strictly fall along every next hop (no loops). `seeds`: those starting
+    (distance, switch) pairs when the caller has them already (fast.py computes them).
     """
     todo = set(missing)
     for v in todo:  # (re)build: forget what an earlier extension chose
         nh_c[v], dist_c[v] = None, INF
-    heap = list({(dist_c[u], u) for v in todo for u, _ in adjacency[v] if dist_c[u] < INF})
+    if seeds is None:
+        seeds = list({(dist_c[u], u) for v in todo for u, _ in adjacency[v] if dist_c[u] < INF})
+    heap = list(seeds)
     heapq.heapify(heap)
     while heap and todo:
         d, u = heapq.heappop(heap)
