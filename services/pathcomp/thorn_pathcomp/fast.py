@@ -43,14 +43,18 @@ class Csr:
     a switch's entries are indptr[s]:indptr[s + 1]."""
 
     def __init__(self, graph: FabricGraph) -> None:
-        counts = [len(a) for a in graph.adjacency]
-        self.indptr: Ints = np.zeros(len(counts) + 1, dtype=np.int64)
+        # From the edge list and the alive flags (not the adjacency lists): a few array
+        # operations, so that each incremental update's new graph gets its CSR cheaply.
+        ends = _edge_ends(graph)
+        alive = np.flatnonzero(np.array(graph.alive, dtype=bool))
+        src = np.concatenate([ends[0][alive], ends[1][alive]])
+        order = np.argsort(src, kind="stable")
+        self.src: Ints = src[order]
+        self.nbr: Ints = np.concatenate([ends[1][alive], ends[0][alive]])[order]
+        self.eid: Ints = np.concatenate([alive, alive])[order]
+        counts = np.bincount(self.src, minlength=len(graph.switches))
+        self.indptr: Ints = np.zeros(len(graph.switches) + 1, dtype=np.int64)
         np.cumsum(counts, out=self.indptr[1:])
-        self.flat = [pair for a in graph.adjacency for pair in a]
-        pairs = np.array(self.flat, dtype=np.int64).reshape(-1, 2)
-        self.src: Ints = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        self.nbr: Ints = pairs[:, 0].copy()
-        self.eid: Ints = pairs[:, 1].copy()
         self._hop: list[NextHop] | None = None
 
     @property
@@ -58,12 +62,29 @@ class Csr:
         """hop[k] = NextHop(nbr[k], eid[k]): made once per graph, shared by all its groups
         (only full plans need them: an incremental update only re-layers)."""
         if self._hop is None:
-            self._hop = [NextHop(u, e) for u, e in self.flat]
+            self._hop = [NextHop(u, e) for u, e in
+                         zip(self.nbr.tolist(), self.eid.tolist(), strict=True)]  # fmt: skip
         return self._hop
 
     @classmethod
     def of(cls, graph: FabricGraph) -> Csr:
         return cls(graph)
+
+
+_ends_cache: dict[int, tuple[object, tuple[Ints, Ints]]] = {}
+
+
+def _edge_ends(graph: FabricGraph) -> tuple[Ints, Ints]:
+    """Each edge's two switches as arrays; the edge list is shared by a graph's states."""
+    hit = _ends_cache.get(id(graph.edges))
+    if hit is not None and hit[0] is graph.edges:
+        return hit[1]
+    ends = (np.array([e.u for e in graph.edges], dtype=np.int64),
+            np.array([e.v for e in graph.edges], dtype=np.int64))  # fmt: skip
+    if len(_ends_cache) > 4:
+        _ends_cache.clear()
+    _ends_cache[id(graph.edges)] = (graph.edges, ends)
+    return ends
 
 
 # One CSR per adjacency list (a graph's state): kept while that list is alive.
