@@ -280,26 +280,30 @@ class FlowerDriver(NetlinkDatapath):
                             skip_sw=self.skip_sw)  # fmt: skip
 
     def _filter_message(self, change: Change) -> bytes:
+        obj = change.new
+        if change.op == "add" and isinstance(obj, EncapRule):
+            # Thousands of these: stamped from a template (per representor) when possible.
+            index = self._index.get((obj.peer, obj.vni))
+            stamp = self._encap_template(obj) if index is not None else None
+            if stamp is not None and index is not None:
+                return stamp.stamp_encap(obj.mac, index)
         old_handle = _handle(change.old) or self._handles.get(change.obj.key, 0)
         if change.op == "delete":
             assert change.old is not None
             return filter_delete(self._spec(change.old, old_handle))
-        assert change.new is not None
+        assert obj is not None
         if change.op == "replace":
-            return filter_replace(self._spec(change.new, old_handle))
-        obj = change.new
-        if isinstance(obj, EncapRule):  # thousands of these: stamped from a template
-            tunnel, rep = self.index_of(FLOWER_TUNNEL, obj), self.index_of(obj.dev, obj)
-            index = self._bound(obj.peer, obj.vni, obj).index
-            placeholder = EncapRule(obj.dev, PLACEHOLDER_MAC, "", 0)
-
-            def build() -> bytes:
-                return filter_add(self._spec_bound(placeholder, PLACEHOLDER_INDEX))
-
-            stamp = self._template(("encap_add", rep, tunnel), build)
-            if stamp is not None:
-                return stamp.stamp(mac=obj.mac, index=index)
+            return filter_replace(self._spec(obj, old_handle))
         return filter_add(self._spec(obj, 0))
+
+    def _encap_template(self, obj: EncapRule) -> Template | None:
+        key = ("encap_add", obj.dev, self.ifindex.get(obj.dev), self.ifindex.get(FLOWER_TUNNEL))
+        if key in self._templates:
+            return self._templates[key]
+        placeholder = EncapRule(obj.dev, PLACEHOLDER_MAC, "", 0)
+        raw = filter_add(self._spec_bound(placeholder, PLACEHOLDER_INDEX))
+        self._templates[key] = Template.of(raw, _TEMPLATE_FIELDS["encap_add"])
+        return self._templates[key]
 
 
 _TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {

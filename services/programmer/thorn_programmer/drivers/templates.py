@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+_U32 = struct.Struct("=I")
 PLACEHOLDER_MAC = "02:de:ad:be:ef:5a"
 PLACEHOLDER_INDEX = 0x5448FFFE  # inside THORN's action band, never allocated
 PLACEHOLDER_SRC = "198.51.100.241"
@@ -54,6 +55,14 @@ class Template:
                 return None
             offsets[name] = raw.index(needle)
         return cls(raw, offsets)
+
+    def stamp_encap(self, mac: str, index: int) -> bytes:
+        """The hot path of `stamp` for an encap rule (a MAC and an action index)."""
+        buf = bytearray(self.raw)
+        at = self.offsets["mac"]
+        buf[at : at + 6] = bytes.fromhex(mac.replace(":", ""))
+        _U32.pack_into(buf, self.offsets["index"], index)
+        return bytes(buf)
 
     def stamp(self, **values: object) -> bytes:
         buf = bytearray(self.raw)
