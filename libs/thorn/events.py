@@ -10,7 +10,7 @@ which is why the per-node wildcards use '>'):
     health.link.<link_id>       LinkHealthChanged   stream THORN_HEALTH
     paths.changed               PathsChanged        stream THORN_PATHS
     failover.<node>             FailoverEvent       stream THORN_FAILOVER (failover history)
-    agent.report.<node>         (core NATS only, not persisted; schema owned by the agents)
+    agent.report.<node>         AgentReport         (core NATS request; health replies)
     agent.applied.<node>        DatapathApplied     (core NATS only: a datapath reconciled)
 
 Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
@@ -308,6 +308,76 @@ class DatapathApplied(Event):
         return agent_applied_subject(self.node)
 
 
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CarrierReport(_Report):
+    """A port's link state changed, as the node's kernel told its agent."""
+
+    kind: Literal["carrier"] = "carrier"
+    port: str = Field(min_length=1, max_length=64)
+    admin_up: bool
+    carrier: bool
+    oper_state: str = Field(max_length=32)
+    detected_at: UtcDatetime = Field(description="when the agent read the kernel's event")
+
+
+class BfdReport(_Report):
+    """A BFD session of the node changed state (RFC 5880 states and diagnostic codes)."""
+
+    kind: Literal["bfd"] = "bfd"
+    local: str = Field(min_length=1, max_length=64)
+    peer: str = Field(min_length=1, max_length=64)
+    port: str | None = Field(None, description="single-hop: the port; multihop: none")
+    multihop: bool = False
+    state: Literal["admin_down", "down", "init", "up"]
+    diag: int = Field(ge=0, le=31)
+    detected_at: UtcDatetime
+
+
+class CountersReport(_Report):
+    """A port's counters (since boot): health derives loss from successive reports."""
+
+    kind: Literal["counters"] = "counters"
+    port: str = Field(min_length=1, max_length=64)
+    rx_packets: int = Field(ge=0)
+    tx_packets: int = Field(ge=0)
+    rx_errors: int = Field(ge=0)
+    tx_errors: int = Field(ge=0)
+    rx_dropped: int = Field(ge=0)
+    tx_dropped: int = Field(ge=0)
+    at: UtcDatetime
+
+
+ReportItem = Annotated[CarrierReport | BfdReport | CountersReport, Field(discriminator="kind")]
+
+
+class AgentReport(Event):
+    """What node `node`'s agent observed; sent as a request on `agent.report.<node>`, and
+    health answers with an `AgentReportReply` (a malformed report is refused, not applied).
+    `seq` rises by one per report of an agent's run: health notices gaps."""
+
+    subject_pattern: ClassVar[str] = AGENT_REPORT_ALL
+
+    node: str
+    seq: int = Field(ge=0)
+    sent_at: UtcDatetime
+    items: list[ReportItem] = Field(min_length=1, max_length=1000)
+
+    @property
+    def subject(self) -> str:
+        return agent_report_subject(self.node)
+
+
+class AgentReportReply(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    applied: int = Field(ge=0, description="items applied")
+    error: str | None = None
+
+
 # Subject pattern -> event model. A consumer decodes any message by its subject through this.
 EVENT_TYPES: Mapping[str, type[Event]] = {
     TOPOLOGY_CHANGED: TopologyChanged,
@@ -315,6 +385,7 @@ EVENT_TYPES: Mapping[str, type[Event]] = {
     PATHS_CHANGED: PathsChanged,
     FAILOVER_ALL: FailoverEvent,
     AGENT_APPLIED_ALL: DatapathApplied,
+    AGENT_REPORT_ALL: AgentReport,
 }
 
 
@@ -387,7 +458,12 @@ __all__ = [
     "STREAM_PATHS",
     "STREAM_TOPOLOGY",
     "TOPOLOGY_CHANGED",
+    "AgentReport",
+    "AgentReportReply",
+    "BfdReport",
+    "CarrierReport",
     "Change",
+    "CountersReport",
     "DatapathApplied",
     "Event",
     "EventDecodeError",

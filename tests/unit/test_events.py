@@ -15,7 +15,11 @@ from thorn.events import (
     STREAM_PATHS,
     STREAM_TOPOLOGY,
     STREAMS,
+    AgentReport,
+    BfdReport,
+    CarrierReport,
     Change,
+    CountersReport,
     DatapathApplied,
     Event,
     EventDecodeError,
@@ -53,6 +57,34 @@ def sample_events() -> list[Event]:
         LinkHealthChanged(link_id=17, state="down", previous="up", at=AT, source="bfd"),
         FailoverEvent(
             node="host-a", peer="host-b", from_colour="red", to_colour="blue", at=AT, reason="bfd"
+        ),
+        AgentReport(
+            node="leaf1",
+            seq=3,
+            sent_at=AT,
+            items=[
+                CarrierReport(
+                    port="swp3", admin_up=True, carrier=False, oper_state="down", detected_at=AT
+                ),
+                BfdReport(
+                    local="10.0.0.1",
+                    peer="10.0.0.0",
+                    port="swp1",
+                    state="down",
+                    diag=1,
+                    detected_at=AT,
+                ),
+                CountersReport(
+                    port="swp3",
+                    rx_packets=10,
+                    tx_packets=12,
+                    rx_errors=0,
+                    tx_errors=0,
+                    rx_dropped=1,
+                    tx_dropped=0,
+                    at=AT,
+                ),
+            ],
         ),
         DatapathApplied(
             node="host-a",
@@ -121,6 +153,7 @@ def test_every_event_subject_is_stored_by_its_stream() -> None:
         LinkHealthChanged: STREAM_HEALTH,
         FailoverEvent: STREAM_FAILOVER,
         DatapathApplied: None,  # the latest per node matters: core NATS, not stored
+        AgentReport: None,  # a request that health answers: core NATS
     }
     for event in sample_events():
         assert stream_for_subject(event.subject) is expected[type(event)]
@@ -168,6 +201,7 @@ def test_the_registry_maps_each_subject_to_its_model() -> None:
         LinkHealthChanged,
         FailoverEvent,
         DatapathApplied,
+        AgentReport,
     }
 
 
@@ -231,12 +265,25 @@ def test_a_payload_missing_fields_raises_a_decode_error_naming_the_model() -> No
 
 def test_an_unregistered_subject_raises_unknown_subject() -> None:
     with pytest.raises(UnknownSubjectError) as info:
-        decode("agent.report.host-a", b"{}")
+        decode("agent.gossip.host-a", b"{}")
     assert isinstance(info.value, EventDecodeError)
-    assert info.value.subject == "agent.report.host-a"
+    assert info.value.subject == "agent.gossip.host-a"
 
 
 def test_an_event_received_on_another_entitys_subject_is_rejected() -> None:
     link = LinkHealthChanged(link_id=5, state="up", previous=None, at=AT, source="carrier")
     with pytest.raises(EventDecodeError, match=r"health\.link\.5"):
         decode("health.link.6", encode(link))
+
+
+def test_a_malformed_agent_report_is_refused_naming_the_field() -> None:
+    bad = (
+        b'{"node": "leaf1", "seq": 1, "sent_at": "2026-01-01T00:00:00Z", "items": '
+        b'[{"kind": "bfd", "local": "10.0.0.1", "peer": "10.0.0.0", "state": "sideways", '
+        b'"diag": 1, "detected_at": "2026-01-01T00:00:00Z"}]}'
+    )
+    with pytest.raises(EventDecodeError, match=r"items\.0\.bfd\.state"):
+        decode("agent.report.leaf1", bad)
+    with pytest.raises(EventDecodeError, match="items"):
+        decode("agent.report.leaf1", b'{"node": "leaf1", "seq": 1, '
+               b'"sent_at": "2026-01-01T00:00:00Z", "items": []}')  # fmt: skip
