@@ -175,7 +175,9 @@ def main() -> None:
                     )
                     stopping = True
             time.sleep(0.2)
-    except (RuntimeError, httpx.HTTPError) as exc:
+    except (RuntimeError, LookupError, ValueError, OSError, httpx.HTTPError) as exc:
+        # a service that would not start, a lab that cannot be built (a bad THORN_LAB
+        # prefix, a fabric that cannot be laid out): one line, no traceback
         console.print(f"[red]thorn-run failed:[/red] {exc}")
         _stop(children)
         sys.exit(1)

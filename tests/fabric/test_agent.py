@@ -11,10 +11,10 @@ import asyncio
 import dataclasses
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
-from twohosts import TwoHosts, documents, sh, tx_packets, udp_exchange
+from twohosts import TwoHosts, documents, hosts_fixture, sh, tx_packets, udp_exchange  # noqa: F401  (hosts_fixture: the `hosts` fixture)
 
 from thorn.bus import Bus, DesiredStateStore
 from thorn.events import (
@@ -33,16 +33,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 and os.environ.get("CI") != "true",
     reason="needs root for network namespaces",
 )
-
-
-@pytest.fixture
-def hosts() -> Iterator[TwoHosts]:
-    lab = TwoHosts()
-    try:
-        lab.up()
-        yield lab
-    finally:
-        lab.down()
 
 
 @pytest.fixture

@@ -9,11 +9,10 @@ datapath itself, reconcile's idempotence, and that failover is one `fdb replace`
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from twohosts import VNI, TwoHosts, sh, tx_packets, udp_exchange
+from twohosts import VNI, TwoHosts, hosts_fixture, sh, tx_packets, udp_exchange  # noqa: F401  (hosts_fixture: the `hosts` fixture)
 
 from thorn.desired import ColourName
 from thorn_programmer.drivers.emulation import EmulationDriver
@@ -26,16 +25,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 and os.environ.get("CI") != "true",
     reason="needs root for network namespaces",
 )
-
-
-@pytest.fixture
-def hosts() -> Iterator[TwoHosts]:
-    lab = TwoHosts()
-    try:
-        lab.up()
-        yield lab
-    finally:
-        lab.down()
 
 
 async def program(lab: TwoHosts, colour: ColourName = "red") -> None:

@@ -9,27 +9,15 @@ the same through `tc -j`, and leave rules it did not make alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-from twohosts import VNI, TwoHosts, sh, tx_packets, udp_exchange
+from twohosts import VNI, TwoHosts, hosts_fixture, sh, tx_packets, udp_exchange  # noqa: F401  (hosts_fixture: the `hosts` fixture)
 
 from thorn.desired import ColourName
 from thorn_programmer.drivers import open_driver, probe_flower
 from thorn_programmer.drivers.flower import FlowerDriver
 from thorn_programmer.kernel import ACTION_INDEX_BASE, PRIO_DECAP, PRIO_ENCAP, TunnelAction, diff
 from thorn_programmer.reconcile import plan_changes, reconcile
-
-
-@pytest.fixture
-def hosts() -> Iterator[TwoHosts]:
-    lab = TwoHosts()
-    try:
-        lab.up()
-        yield lab
-    finally:
-        lab.down()
 
 
 async def program(lab: TwoHosts, colour: ColourName = "red") -> None:

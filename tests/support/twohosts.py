@@ -10,12 +10,13 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from pyroute2 import netns as pyroute2_netns
+import pytest
 
 from thorn.desired import ColourName
+from thorn.lab.netns import run_in_netns
 from thorn_programmer.intent import HostIntent, LocalWorkload, Peer, UnderlayRoute
 
 VNI = 1000
@@ -28,21 +29,7 @@ def sh(*args: str) -> str:
 
 def in_netns(ns: str, fn: Callable[[], Any]) -> Any:
     """Run fn in a fresh thread that has entered `ns` (setns is per thread)."""
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            pyroute2_netns.setns(ns)
-            box["value"] = fn()
-        except BaseException as exc:
-            box["error"] = exc
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")
+    return run_in_netns(ns, fn)
 
 
 class TwoHosts:
@@ -173,3 +160,14 @@ def documents(lab: TwoHosts, blue_peers: dict[str, list[str]] | None = None) -> 
     vni = VniState(vni=VNI, chunk=0, chunks=1, topology_revision=1, members=members)
     docs[f"vni.{VNI}.0"] = vni.model_dump_json().encode()
     return docs
+
+
+@pytest.fixture(name="hosts")
+def hosts_fixture() -> Iterator[TwoHosts]:
+    """Two hosts up for one test, always taken down after it."""
+    lab = TwoHosts()
+    try:
+        lab.up()
+        yield lab
+    finally:
+        lab.down()

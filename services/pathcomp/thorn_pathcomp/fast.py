@@ -66,10 +66,6 @@ class Csr:
                          zip(self.nbr.tolist(), self.eid.tolist(), strict=True)]  # fmt: skip
         return self._hop
 
-    @classmethod
-    def of(cls, graph: FabricGraph) -> Csr:
-        return cls(graph)
-
 
 _ends_cache: dict[int, tuple[object, tuple[Ints, Ints]]] = {}
 
@@ -96,7 +92,7 @@ def csr(graph: FabricGraph) -> Csr:
     hit = _cache.get(key)
     if hit is not None and hit[0] is graph.adjacency:
         return hit[1]
-    built = Csr.of(graph)
+    built = Csr(graph)
     if len(_cache) > 8:
         _cache.clear()
     _cache[key] = (graph.adjacency, built)

@@ -50,9 +50,12 @@ class ConfigurationError(SystemExit):
 def nodes_to_serve(settings: Settings) -> list[tuple[str, str | None]]:
     """(node, namespace) pairs: the lab's nodes, or this machine's node."""
     if settings.lab:
-        from thorn.lab.handle import Lab
+        from thorn.lab.handle import Lab, LabNotFound
 
-        lab = Lab.open(settings.lab)
+        try:
+            lab = Lab.open(settings.lab)
+        except (LabNotFound, ValueError) as exc:  # no such lab, or not a lab prefix
+            raise ConfigurationError(f"programmer: THORN_LAB={settings.lab!r}: {exc}") from None
         return sorted(lab.namespaces().items())
     if settings.node_name:
         return [(settings.node_name, None)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pyroute2 import AsyncIPRoute
@@ -200,21 +200,18 @@ class FlowerDriver(NetlinkDatapath):
             return action_replace(self._tunnel_key(new, known), skip_hw=hw, skip_sw=sw)
         index = self._free_index()
         self._index[(new.peer, new.vni)] = index  # rules later in this batch bind to it
-        stamp = self._template("action_add", self._action_template)
+        stamp = self._action_template()
         if stamp is not None and _is_v4(new.src) and _is_v4(new.dst):
             return stamp.stamp(index=index, src=new.src, dst=new.dst, vni=new.vni)
         return action_add(self._tunnel_key(new, index), skip_hw=hw, skip_sw=sw)
 
-    def _action_template(self) -> bytes:
-        placeholder = TunnelAction("", PLACEHOLDER_VNI, PLACEHOLDER_SRC, PLACEHOLDER_DST)
-        return action_add(self._tunnel_key(placeholder, PLACEHOLDER_INDEX),
-                          skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
-
-    def _template(self, key: object, build: Callable[[], bytes]) -> Template | None:
-        if key not in self._templates:
-            fields = _TEMPLATE_FIELDS[key if isinstance(key, str) else "encap_add"]
-            self._templates[key] = Template.of(build(), fields)
-        return self._templates[key]
+    def _action_template(self) -> Template | None:
+        if "action_add" not in self._templates:
+            placeholder = TunnelAction("", PLACEHOLDER_VNI, PLACEHOLDER_SRC, PLACEHOLDER_DST)
+            raw = action_add(self._tunnel_key(placeholder, PLACEHOLDER_INDEX),
+                             skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
+            self._templates["action_add"] = Template.of(raw, _TEMPLATE_FIELDS["action_add"])
+        return self._templates["action_add"]
 
     def _free_index(self) -> int:
         used = self._index.values()

@@ -29,6 +29,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
 
 from thorn.desired import TEP_LABEL
+from thorn.lab.netns import run_in_netns
 from thorn_programmer import u32
 from thorn_programmer.intent import Intent
 from thorn_programmer.kernel import (
@@ -384,30 +385,14 @@ class NetlinkDatapath:
 
 
 def _write_sysctl(netns: str | None, path: str, value: str) -> None:
-    import threading
-
-    from pyroute2 import netns as pyroute2_netns
-
-    def work() -> None:
-        if netns is not None:
-            pyroute2_netns.setns(netns)  # this thread only
+    def write() -> None:
         with open(f"/proc/sys/{path}", "w") as f:
             f.write(value)
 
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            work()
-        except BaseException as exc:  # reported to the caller below
-            errors.append(exc)
-
-    # A fresh thread: setns must not leak into the event loop's worker threads.
-    thread = threading.Thread(target=run, name=f"sysctl-{netns}")
-    thread.start()
-    thread.join()
-    if errors:
-        raise errors[0]
+    if netns is None:
+        write()
+    else:  # a fresh thread enters the namespace: the event loop's threads never move
+        run_in_netns(netns, write)
 
 
 def _devices(obj: KernelObject) -> tuple[str, ...]:
