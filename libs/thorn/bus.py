@@ -361,6 +361,18 @@ class Bus:
         seq: int = ack.seq
         return seq
 
+    async def request(self, event: Event, *, reply_within: float = 1.0) -> bytes:
+        """Send an event as a core-NATS request and return the raw reply (the caller knows
+        the reply's model). Raises `PublishError` when nobody answers in `reply_within` s
+        or the connection fails."""
+        subject = event.subject
+        try:
+            msg = await self._nc.request(subject, encode(event), timeout=reply_within)
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            PUBLISH_ERRORS.labels(self.name).inc()
+            raise PublishError(subject, exc) from exc
+        return msg.data
+
     # ----------------------------------------------------------------------------- subscribe
 
     @overload

@@ -46,6 +46,19 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(
         3.0, gt=0.1, le=60, description="leader lease of replicated services (pathcomp)"
     )
+    report_seconds: float = Field(
+        5.0, gt=0, le=300,
+        description="programmer: seconds between full port reports (carrier and counters)",
+    )  # fmt: skip
+    bfd_sessions: Literal["off", "links", "peers", "all"] = Field(
+        "all",
+        description="programmer: BFD on fabric links (single-hop), toward peer TEPs per "
+        "colour (multihop, drives the local failover), both, or none",
+    )
+    bfd_interval_ms: int = Field(
+        50, ge=10, le=10_000, description="programmer: BFD desired TX and required RX interval"
+    )
+    bfd_multiplier: int = Field(3, ge=1, le=255, description="programmer: BFD detect multiplier")
 
     @classmethod
     def unknown_environment(cls) -> list[str]:

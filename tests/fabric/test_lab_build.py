@@ -57,6 +57,24 @@ def test_a_lab_has_every_namespace_interface_address_and_tep(
     assert "vf0_rep" in _ip("-n", lab.namespace("host1"), "-br", "link")
 
 
+def test_the_two_ends_of_every_veth_have_different_ifindexes(
+    make_lab: Callable[..., Lab],
+) -> None:
+    """Equal ifindexes make linkwatch treat a veth like a physical port and report its
+    carrier changes up to a second late (see tests/fabric/test_link_monitor.py)."""
+    lab = make_lab()
+    indexes = {ns.name: _ifindexes(ns.name) for ns in lab.plan.namespaces}
+    for veth in lab.plan.veths:
+        a = indexes[veth.a.namespace][veth.a.ifname]
+        b = indexes[veth.b.namespace][veth.b.ifname]
+        assert a != b, veth.name
+
+
+def _ifindexes(namespace: str) -> dict[str, int]:
+    out = _ip("-n", namespace, "-o", "link")
+    return {line.split(": ")[1].split("@")[0]: int(line.split(":")[0]) for line in out.splitlines()}
+
+
 def test_switches_forward_and_ipv6_is_off(make_lab: Callable[..., Lab]) -> None:
     lab = make_lab()
     assert _sysctl(lab, "spine1", "net/ipv4/ip_forward") == "1"

@@ -28,6 +28,10 @@ from thorn.model import FabricDocument
 __all__ = ["DownResult", "LabConflict", "UpResult", "down", "up"]
 
 Progress = Callable[[str, int, int], None]  # (phase, done, total)
+# The a end of veth pair n gets ifindex VETH_INDEX_BASE + n; the b end a small one from the
+# kernel. Two ends with the same ifindex look like a physical port to linkwatch, which then
+# reports their carrier changes up to 1 s late (measured: 0.3 ms with distinct indexes).
+VETH_INDEX_BASE = 100_000
 OPER_WAIT_S = 10.0  # a new veth reports operstate UP within about 1 s (linkwatch)
 POLL_S = 0.02
 
@@ -145,6 +149,7 @@ class _Builder:
                     root.add_veth(
                         (veth.a.ifname, fds[veth.a.namespace], veth.a.mac),
                         (veth.b.ifname, fds[veth.b.namespace], veth.b.mac),
+                        a_index=VETH_INDEX_BASE + done,
                     )
                     self.result.created_veths += 1
                     self._note(f"created veth pair {veth.name}")

@@ -109,14 +109,18 @@ class Rtnl:
         self,
         a: tuple[str, int, str | None],
         b: tuple[str, int, str | None],
+        a_index: int | None = None,
     ) -> None:
         """One veth pair made directly in two namespaces: each end (ifname, netns fd, MAC
-        or None) is created where it belongs, so no name ever appears in this namespace."""
+        or None) is created where it belongs, so no name ever appears in this namespace.
+        `a_index` asks for the a end's ifindex (the b end's is the kernel's choice)."""
         (a_name, a_fd, a_mac), (b_name, b_fd, b_mac) = a, b
         peer: dict[str, Any] = {"ifname": b_name, "net_ns_fd": b_fd}
         if b_mac:
             peer["address"] = b_mac
         extra: dict[str, Any] = {"address": a_mac} if a_mac else {}
+        if a_index is not None:
+            extra["index"] = a_index
         with _errors(f"create veth {a_name}/{b_name}"):
             self._ipr.link("add", ifname=a_name, kind="veth", net_ns_fd=a_fd, peer=peer, **extra)
 

@@ -8,7 +8,7 @@ In production one process runs on each node, in the node's own namespace
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from dataclasses import asdict
 from typing import Any
@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.telemetry import instrument
-from thorn_programmer.agent import NodeAgent
+from thorn_programmer.agent import AgentStatus, NodeAgent
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
+from thorn_programmer.reports import Reporter
 
 log = structlog.get_logger("thorn.programmer")
 AGENT_RESTARTS = Counter("thorn_programmer_agent_restarts_total", "Agents restarted", ["node"])
@@ -65,22 +66,26 @@ def nodes_to_serve(settings: Settings) -> list[tuple[str, str | None]]:
 RESTART_DELAYS = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
-async def supervised(agent: NodeAgent) -> None:
-    """Run an agent; if it fails, say why and start it again (backing off), so one node's
-    trouble neither stops the others nor goes unnoticed."""
+async def supervised(
+    node: str, run: Callable[[], Awaitable[None]], on_failure: Callable[[str], None] | None = None
+) -> None:
+    """Run one of a node's loops (its agent, its reporter); if it fails, say why and start it
+    again (backing off), so one node's trouble neither stops the others nor goes unnoticed."""
     failures = 0
     while True:
         try:
-            await agent.run()
+            await run()
             return
         except asyncio.CancelledError:
             raise
         except Exception:
             delay = RESTART_DELAYS[min(failures, len(RESTART_DELAYS) - 1)]
             failures += 1
-            AGENT_RESTARTS.labels(agent.node).inc()
-            log.exception("agent_failed", node=agent.node, restart_in_s=delay)
-            agent.status.last_errors = [f"agent failed; restarting in {delay:.0f} s"]
+            AGENT_RESTARTS.labels(node).inc()
+            log.exception("agent_failed", node=node, loop=getattr(run, "__qualname__", "?"),
+                          restart_in_s=delay)  # fmt: skip
+            if on_failure is not None:
+                on_failure(f"agent failed; restarting in {delay:.0f} s")
             await asyncio.sleep(delay)
 
 
@@ -100,8 +105,24 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 await the_bus.ensure_streams()
             kv = await the_bus.desired_state()
             agents = [NodeAgent(node, kv, the_bus, drivers, netns) for node, netns in served]
-            tasks = [asyncio.create_task(supervised(a), name=f"agent-{a.node}") for a in agents]
+            reporters = [
+                Reporter(node, the_bus, netns, period=settings.report_seconds)
+                for node, netns in served
+            ]
+            tasks = []
+            for agent, reporter in zip(agents, reporters, strict=True):
+
+                def failed(why: str, status: AgentStatus = agent.status) -> None:
+                    status.last_errors = [why]
+
+                tasks += [
+                    asyncio.create_task(supervised(agent.node, agent.run, failed),
+                                        name=f"agent-{agent.node}"),
+                    asyncio.create_task(supervised(agent.node, reporter.run),
+                                        name=f"report-{agent.node}"),
+                ]  # fmt: skip
             app.state.agents = agents
+            app.state.reporters = reporters
             log.info("programmer_ready", nodes=len(agents), datapath=settings.datapath)
             try:
                 yield

@@ -90,9 +90,10 @@ class _Dumper:
         self._seq = itertools.count(1, _DUMP_RETRIES)
 
     def links(self) -> list[LinkEvent]:
+        # Stamped before asking: an event read after this instant may be newer than the dump.
+        at = time.time_ns()
         with self._lock:
             parts = _dump(self.sock, next(self._seq))
-        at = time.time_ns()
         return [e for t, p in parts if (e := parse_link(t, p, at)) is not None]
 
     def counters(self) -> dict[str, LinkCounters]:
