@@ -317,6 +317,35 @@ class Fabric:
         self.nodes[name] = new
         return [Change("node", "update", name, new)]
 
+    def drain_node(self, name: str) -> list[Change]:
+        """Take a switch out of the path plans before maintenance (idempotent).
+
+        A host is refused: it is no transit node, so a drain would move nothing off it, and
+        its own workloads' traffic cannot avoid it (marking it would only cut them off).
+        Stop or move its workloads, then an admin sets it `down` with PATCH.
+        """
+        node = self.node(name)
+        if node.role is Role.host:
+            raise FabricError.one(
+                ("role",),
+                f"node '{name}' is a host: it carries no transit traffic to move off, and its "
+                "own workloads' traffic cannot avoid it; stop or move its workloads, then an "
+                "admin sets admin_state down with PATCH (to move traffic off one of its "
+                "links, drain that link)",
+                "conflict",
+            )
+        return self.update_node(name, NodeUpdate(admin_state=AdminState.drained))
+
+    def undrain_node(self, name: str) -> list[Change]:
+        """Return a drained node to service; a node that is down stays an admin's decision."""
+        if self.node(name).admin_state is AdminState.down:
+            raise FabricError.one(
+                ("admin_state",),
+                f"node '{name}' is down, not drained; an admin brings it up with PATCH",
+                "conflict",
+            )
+        return self.update_node(name, NodeUpdate(admin_state=AdminState.up))
+
     def delete_node(self, name: str, cascade: bool = False) -> list[Change]:
         self.node(name)
         links = [

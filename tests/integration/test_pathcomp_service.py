@@ -21,14 +21,14 @@ import httpx
 import pytest_asyncio
 from fastapi import FastAPI
 from pydantic import TypeAdapter
+from standin_agents import StandInAgents
 
 from thorn.auth import hash_token
-from thorn.bus import Bus, CaughtUp
+from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.desired import DesiredState, HostState, SwitchState, node_key
 from thorn.events import (
     PATHS_CHANGED,
-    DatapathApplied,
     Event,
     LinkHealthChanged,
     PathsChanged,
@@ -286,46 +286,6 @@ async def test_a_drain_announced_on_topology_changed_is_replanned_incrementally(
             assert used not in after.json()["red"]["links"] + after.json()["blue"]["links"]
             # host2 is now single-homed: both colours cross its remaining link.
             assert after.json()["status"] == "degraded"
-
-
-class StandInAgents:
-    """Plays every node's agent on the bus: reports a key revision as applied `delay` after
-    it was written (the real agent's side of this contract is tested in tests/fabric)."""
-
-    def __init__(self, bus: Bus, delay: float, silent: set[str] | None = None) -> None:
-        self.bus, self.delay, self.silent = bus, delay, silent or set()
-        self.writes: list[tuple[float, str, int]] = []  # (when, node, revision)
-        self.acks: dict[tuple[str, int], float] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def hello(self, nodes: list[str]) -> None:
-        """Each agent reports once, as running agents do: pathcomp now waits for them."""
-        for node in nodes:
-            await self.bus.publish(self._applied(node, 0))
-
-    def _applied(self, node: str, revision: int) -> DatapathApplied:
-        return DatapathApplied(
-            node=node, driver="stand-in", key_revision=revision, plan_revision=0, changes=0,
-            seconds=0.0, at=datetime.now(UTC),
-        )  # fmt: skip
-
-    async def follow(self) -> None:
-        kv = await self.bus.desired_state()
-        async with kv.watch() as watch:
-            async for item in watch:
-                if isinstance(item, CaughtUp) or not item.node.startswith("node."):
-                    continue
-                node = item.node.removeprefix("node.")
-                self.writes.append((time.monotonic(), node, item.revision))
-                if node not in self.silent:
-                    task = asyncio.create_task(self._ack(node, item.revision))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-
-    async def _ack(self, node: str, revision: int) -> None:
-        await asyncio.sleep(self.delay)
-        self.acks[(node, revision)] = time.monotonic()
-        await self.bus.publish(self._applied(node, revision))
 
 
 async def test_each_stage_waits_until_the_agents_applied_the_one_before(

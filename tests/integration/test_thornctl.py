@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import socket
@@ -17,21 +18,26 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import structlog
 import uvicorn
 import yaml
+from fastapi import FastAPI
+from standin_agents import StandInAgents
 from typer.testing import CliRunner, Result
 
 from thorn.bus import Bus
 from thorn.cli.main import app
 from thorn.config import Settings
 from thorn.store import Store
+from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app
 
 ADMIN = "thn_thornctl-test-admin"
@@ -91,10 +97,12 @@ CLAB_WITH_BRIDGE = (
 # --- the server ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def thorn_url(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real topology app under uvicorn, in a thread with its own event loop."""
-    data_dir = tmp_path_factory.mktemp("thornctl")
+@contextmanager
+def serving(
+    name: str, make_app: Callable[[Store, Bus], FastAPI], db: Path, nats_url: str
+) -> Iterator[str]:
+    """A real THORN app under uvicorn, in a thread with its own event loop, on the SQLite
+    store `db` and the NATS at `nats_url`; yields its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))  # bound before the thread starts: no port race
@@ -103,17 +111,13 @@ def thorn_url(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     errors: list[BaseException] = []
 
     async def serve() -> None:
-        store = await Store.open(f"sqlite:///{data_dir / 'thorn.db'}")
+        store = await Store.open(f"sqlite:///{db}")
         try:
-            bus = await Bus.connect(nats_url, name="thornctl-test")
+            bus = await Bus.connect(nats_url, name=f"thornctl-test-{name}")
             try:
                 await bus.ensure_streams()
-                settings = Settings(admin_token=ADMIN, data_dir=data_dir)
                 config = uvicorn.Config(
-                    create_app(settings, store=store, bus=bus),
-                    log_level="warning",
-                    log_config=None,
-                    lifespan="on",
+                    make_app(store, bus), log_level="warning", log_config=None, lifespan="on"
                 )
                 server = uvicorn.Server(config)
                 servers.append(server)
@@ -129,12 +133,12 @@ def thorn_url(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=run, name="thorn-topology", daemon=True)
+    thread = threading.Thread(target=run, name=f"thorn-{name}", daemon=True)
     thread.start()
     deadline = time.monotonic() + STARTUP
     while True:
-        assert not errors, f"the topology service failed to start: {errors[0]!r}"
-        assert thread.is_alive(), "the topology service thread exited during startup"
+        assert not errors, f"the {name} service failed to start: {errors[0]!r}"
+        assert thread.is_alive(), f"the {name} service thread exited during startup"
         try:
             if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
                 break
@@ -149,8 +153,24 @@ def thorn_url(nats_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             server.should_exit = True
         thread.join(SHUTDOWN)
         sock.close()
-        assert not thread.is_alive(), f"the server did not stop within {SHUTDOWN} s"
-        assert not errors, f"the topology service failed: {errors[0]!r}"
+        assert not thread.is_alive(), f"the {name} service did not stop within {SHUTDOWN} s"
+        assert not errors, f"the {name} service failed: {errors[0]!r}"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("thornctl")
+
+
+@pytest.fixture(scope="module")
+def thorn_url(data_dir: Path, nats_url: str) -> Iterator[str]:
+    """The real topology app."""
+    settings = Settings(admin_token=ADMIN, data_dir=data_dir)
+    with serving(
+        "topology", lambda store, bus: create_app(settings, store=store, bus=bus),
+        data_dir / "thorn.db", nats_url,
+    ) as url:  # fmt: skip
+        yield url
 
 
 def api(thorn_url: str, method: str, path: str, **kwargs: Any) -> Any:
@@ -158,7 +178,7 @@ def api(thorn_url: str, method: str, path: str, **kwargs: Any) -> Any:
     response = httpx.request(
         method,
         f"{thorn_url}/api/v1{path}",
-        headers={"Authorization": f"Bearer {ADMIN}"},
+        headers=AS_ADMIN,
         timeout=30.0,
         **kwargs,
     )
@@ -674,3 +694,152 @@ def test_the_installed_thornctl_exits_with_conventional_codes(
         assert process.returncode == code, (code, process.args, process.stderr)
         assert "Traceback" not in process.stderr
         assert process.stdout == ""
+
+
+# --- drains and --wait (with path computation and stand-in agents) ---------------------------
+
+
+@dataclass
+class Agents:
+    """Stand-in agents for every node (standin_agents.py) in a thread of their own."""
+
+    agents: StandInAgents
+    loop: asyncio.AbstractEventLoop
+    stop: asyncio.Event
+
+    def say_hello(self, nodes: list[str]) -> None:
+        asyncio.run_coroutine_threadsafe(self.agents.hello(nodes), self.loop).result(10)
+
+
+@pytest.fixture(scope="module")
+def agents(nats_url: str) -> Iterator[Agents]:
+    ready: list[Agents] = []
+
+    async def main() -> None:
+        async with await Bus.connect(nats_url, name="thornctl-test-agents") as bus:
+            stand_in = StandInAgents(bus, delay=0.05)
+            follower = asyncio.create_task(stand_in.follow())
+            stop = asyncio.Event()
+            ready.append(Agents(stand_in, asyncio.get_running_loop(), stop))
+            await stop.wait()
+            await stand_in.stop(follower)
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + STARTUP
+    while not ready:
+        assert thread.is_alive() and time.monotonic() < deadline, "stand-in agents did not start"
+        time.sleep(0.02)
+    yield ready[0]
+    ready[0].loop.call_soon_threadsafe(ready[0].stop.set)
+    thread.join(SHUTDOWN)
+
+
+@pytest.fixture(scope="module")
+def pathcomp_url(
+    thorn_url: str, data_dir: Path, nats_url: str, agents: Agents, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """The real pathcomp app on the same store; stages wait 0.2 s at most for the agents.
+
+    Its log lines (plan_adopted, ...) would land in the output CliRunner captures: only
+    warnings are logged while it runs."""
+    settings = Settings(data_dir=data_dir, stage_ack_seconds=0.2)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    request.addfinalizer(structlog.reset_defaults)
+    with serving(
+        "pathcomp",
+        lambda store, bus: pathcomp_app(settings, store=store, bus=bus, lease_seconds=1.0),
+        data_dir / "thorn.db", nats_url,
+    ) as url:  # fmt: skip
+        yield url
+
+
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
+
+
+def planned_fabric(thorn_url: str, pathcomp_url: str, **params: Any) -> dict[str, Any]:
+    """Generate a leaf-spine and wait until pathcomp serves a plan of it."""
+    body = {"spines": 2, "leaves": 2, "hosts_per_leaf": 1, **params}
+    revision = api(thorn_url, "POST", "/fabric/generate/leaf-spine", json=body)["summary"][
+        "revision"
+    ]
+    deadline = time.monotonic() + STARTUP
+    while True:
+        plan = httpx.get(f"{pathcomp_url}/api/v1/plan", headers=AS_ADMIN)
+        if plan.status_code == 200 and plan.json()["topology_revision"] >= revision:
+            return plan.json()  # type: ignore[no-any-return]
+        assert time.monotonic() < deadline, plan.text
+        time.sleep(0.05)
+
+
+def test_a_link_drain_waits_until_the_link_carries_no_traffic(
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str
+) -> None:
+    planned_fabric(thorn_url, pathcomp_url)
+    paths = httpx.get(
+        f"{pathcomp_url}/api/v1/paths", params={"src": "host1", "dst": "host2"},
+        headers=AS_ADMIN,
+    ).json()  # fmt: skip
+    used = paths["red"]["links"][1]
+    before = ok(thornctl("--pathcomp-url", pathcomp_url, "links", "status", str(used))).stdout
+    assert f"Link {used} is in service (not drained): it carries traffic" in before
+    result = thornctl(
+        "--pathcomp-url", pathcomp_url, "links", "drain", str(used), "--wait", "--timeout", "20"
+    )
+    assert result.exit_code == 0, result.stderr
+    assert f"Link {used} drained and carries no traffic" in result.stdout
+    assert re.search(r"routes_through\s+0 \(red 0, blue 0\)", result.stdout)
+    listed = as_json(thornctl("--pathcomp-url", pathcomp_url, "-o", "json", "drains"))
+    assert [(d["kind"], d["element"], d["carries_traffic"]) for d in listed["items"]] == [
+        ("link", str(used), False)
+    ]
+    ok(thornctl("links", "undrain", str(used)))
+
+
+def test_a_node_drain_with_json_output_prints_the_node_and_its_final_status(
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str
+) -> None:
+    planned_fabric(thorn_url, pathcomp_url)
+    result = thornctl(
+        "--pathcomp-url", pathcomp_url, "-o", "json", "node", "drain", "spine1", "--wait"
+    )
+    assert result.exit_code == 0, result.stderr
+    body = json.loads(result.stdout)
+    assert body["node"]["admin_state"] == "drained"
+    assert body["drain"]["carries_traffic"] is False and body["drain"]["agents_pending"] == []
+    undrained = as_json(thornctl("-o", "json", "nodes", "undrain", "spine1"))
+    assert undrained["admin_state"] == "up"
+
+
+def test_a_drain_wait_that_runs_out_of_time_exits_75_naming_what_it_waits_for(
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, agents: Agents
+) -> None:
+    planned_fabric(thorn_url, pathcomp_url)
+    agents.agents.silent.add("leaf1")  # alive, but it stops applying anything
+    agents.say_hello(["leaf1"])
+    try:
+        result = thornctl(
+            "--pathcomp-url", pathcomp_url, "nodes", "drain", "spine2", "--wait",
+            "--timeout", "3", "--interval", "0.1",
+        )  # fmt: skip
+        assert result.exit_code == 75, (result.stdout, result.stderr)
+        assert "node spine2 still carries traffic after 3 s" in result.stderr
+        assert "still applying the new paths: leaf1" in result.stderr
+        assert "thornctl nodes status spine2" in result.stderr
+        # Progress went to stderr as it changed; the drain itself stays in place.
+        assert re.search(r"\[\s*\d+\.\d s\] Node spine2: ", result.stderr)
+        shown = as_json(thornctl("-o", "json", "nodes", "show", "spine2"))
+        assert shown["admin_state"] == "drained"
+    finally:
+        agents.agents.silent.discard("leaf1")
+    ok(thornctl("nodes", "undrain", "spine2"))
+
+
+def test_a_host_cannot_be_drained_and_an_unknown_node_is_not_found(thornctl: Thornctl) -> None:
+    host = thornctl("nodes", "drain", "gpu1")
+    assert host.exit_code == 1 and "node 'gpu1' is a host" in host.stderr
+    missing = thornctl("nodes", "drain", "nosuch")
+    assert missing.exit_code == 1 and "node 'nosuch' not found" in missing.stderr
+    viewer = as_json(thornctl("-o", "json", "tokens", "create", "ro-drain", "--role", "viewer"))
+    refused = thornctl("nodes", "drain", "spine1", token=viewer["token"])
+    assert refused.exit_code == 77 and "needs operator" in refused.stderr

@@ -590,3 +590,65 @@ async def test_imports_racing_on_two_replicas_both_land(
         await other_store.close()
     assert [r.status_code for r in results] == [200] * 6
     assert await api.store.revision() == 6
+
+
+# --- node drains --------------------------------------------------------------------------
+
+
+async def test_an_operator_drains_and_undrains_a_switch_announced_and_audited(api: Api) -> None:
+    await leaf_spine(api)
+    operator = await api.token("oncall-nodes", "operator")
+    drained = await api.call("POST", "/nodes/spine1/drain", token=operator)
+    assert drained.status_code == 200, drained.text
+    assert drained.json()["admin_state"] == "drained" and drained.json()["name"] == "spine1"
+    revision = await api.store.revision()
+    event = await api.next_event(revision)
+    assert [(c.kind, c.op, c.key) for c in event.changes] == [("node", "update", "spine1")]
+    assert event.actor == "oncall-nodes"
+    again = await api.call("POST", "/nodes/spine1/drain", token=operator)
+    assert again.status_code == 200 and await api.store.revision() == revision  # a no-op
+    undrained = await api.call("POST", "/nodes/spine1/undrain", token=operator)
+    assert undrained.json()["admin_state"] == "up"
+    audit = (await api.call("GET", "/audit?action=node.")).json()["items"]
+    assert [(e["action"], e["target"], e["actor"]) for e in audit] == [
+        ("node.undrain", "spine1", "oncall-nodes"),
+        ("node.drain", "spine1", "oncall-nodes"),
+    ]
+
+
+async def test_a_viewer_cannot_drain_a_node(api: Api) -> None:
+    await leaf_spine(api)
+    viewer = await api.token("wallboard", "viewer")
+    for verb in ("drain", "undrain"):
+        response = await api.call("POST", f"/nodes/spine1/{verb}", token=viewer)
+        assert response.status_code == 403
+        assert "needs operator" in detail(response)
+
+
+async def test_draining_an_unknown_node_is_404(api: Api) -> None:
+    await leaf_spine(api)
+    for verb in ("drain", "undrain"):
+        response = await api.call("POST", f"/nodes/nosuch/{verb}")
+        assert response.status_code == 404
+        assert "node 'nosuch' not found" in detail(response)
+
+
+async def test_draining_a_host_is_refused_with_409_naming_the_role(api: Api) -> None:
+    await leaf_spine(api)
+    revision = await api.store.revision()
+    response = await api.call("POST", "/nodes/host1/drain")
+    assert response.status_code == 409
+    (error,) = response.json()["errors"]
+    assert error["loc"] == ["body", "role"] and error["type"] == "conflict"
+    assert "is a host" in error["msg"]
+    assert await api.store.revision() == revision
+
+
+async def test_undrain_refuses_a_node_that_is_down_naming_admin_state(api: Api) -> None:
+    await leaf_spine(api)
+    await api.call("PATCH", "/nodes/spine2", json={"admin_state": "down"})
+    response = await api.call("POST", "/nodes/spine2/undrain")
+    assert response.status_code == 409
+    (error,) = response.json()["errors"]
+    assert error["loc"] == ["body", "admin_state"]
+    assert "is down, not drained" in error["msg"]

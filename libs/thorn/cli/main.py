@@ -1,4 +1,4 @@
-"""thornctl: THORN's command line. It talks only to the topology service's REST API.
+"""thornctl: THORN's command line over the REST API (topology's; pathcomp's for drain status).
 
 Global options (before the command)
     --url URL          the API (env THORN_URL; default http://127.0.0.1:8080)
@@ -6,6 +6,8 @@ Global options (before the command)
     -o, --output FMT   table (default; rich tables for people), json (exactly the API's
                        JSON, for scripts) or yaml (env THORN_OUTPUT)
     --timeout SECONDS  per request (env THORN_TIMEOUT; default 60)
+    --pathcomp-url URL path computation's API, for drain status (env THORN_PATHCOMP_URL;
+                       default: --url, where a gateway serves every service)
 
 Commands
     import FILE|-          replace the fabric with a THORN document (JSON or YAML) or a
@@ -14,7 +16,10 @@ Commands
     generate NAME          replace the fabric with a generated one (--set key=value)
     generate --list        generators and their parameters (also: `generators`)
     summary, whoami
-    nodes list|show, links list|show|drain|undrain, tokens list|create|revoke, audit
+    nodes list|show|drain|undrain|status, links list|show|drain|undrain|status
+                           (drain --wait: until it carries no more traffic)
+    drains                 every drained link and node, and whether it still carries traffic
+    tokens list|create|revoke, audit
     lab up|down|status|fail|restore|traffic   the fabric lab in namespaces (docs/lab.md)
 
 Exit codes (BSD sysexits where one fits)
@@ -25,6 +30,7 @@ Exit codes (BSD sysexits where one fits)
     66  EX_NOINPUT: an input file does not exist or cannot be read
     69  EX_UNAVAILABLE: cannot reach THORN (refused, DNS, timeout) or it failed (5xx)
     73  EX_CANTCREAT: the --file of `export` cannot be written
+    75  EX_TEMPFAIL: `drain --wait` timed out with traffic still on the element
     76  EX_PROTOCOL: the answer is not THORN's JSON (is --url right?)
     77  EX_NOPERM: 401 (missing, wrong or revoked token) or 403 (role too weak)
 
@@ -35,6 +41,7 @@ to stderr.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -74,6 +81,7 @@ Exit codes:
   66  an input file does not exist or cannot be read
   69  cannot reach THORN (refused, DNS, timeout) or it failed (5xx)
   73  the output file cannot be written
+  75  drain --wait timed out: the element still carries traffic
   76  the answer is not THORN's JSON (is --url right?)
   77  token missing, wrong or revoked (401) or its role is too weak (403)
 """
@@ -107,6 +115,8 @@ links_app = typer.Typer(help="Links between ports; drain and undrain.", no_args_
 tokens_app = typer.Typer(help="API tokens (admin role).", no_args_is_help=True)
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(links_app, name="links")
+app.add_typer(nodes_app, name="node", hidden=True)  # `thornctl node drain NAME` reads well too
+app.add_typer(links_app, name="link", hidden=True)
 app.add_typer(tokens_app, name="tokens")
 app.add_typer(lab_app, name="lab")
 
@@ -117,7 +127,9 @@ class State:
     token: str | None
     timeout: float
     out: Out
+    pathcomp_url: str | None = None
     _client: Client | None = field(default=None, init=False)
+    _pathcomp: Client | None = field(default=None, init=False)
 
     @property
     def client(self) -> Client:
@@ -125,9 +137,19 @@ class State:
             self._client = Client(self.url, self.token, self.timeout)
         return self._client
 
+    @property
+    def pathcomp(self) -> Client:
+        """Path computation's API (drain status): --pathcomp-url, else the same --url."""
+        if self.pathcomp_url is None:
+            return self.client
+        if self._pathcomp is None:
+            self._pathcomp = Client(self.pathcomp_url, self.token, self.timeout)
+        return self._pathcomp
+
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
+        for client in (self._client, self._pathcomp):
+            if client is not None:
+                client.close()
 
 
 def _state(ctx: typer.Context) -> State:
@@ -162,12 +184,29 @@ def main(
             "--timeout", envvar="THORN_TIMEOUT", min=0.1, help="Seconds to wait per request."
         ),
     ] = DEFAULT_TIMEOUT,
+    pathcomp_url: Annotated[
+        str | None,
+        typer.Option(
+            "--pathcomp-url",
+            envvar="THORN_PATHCOMP_URL",
+            help="Path computation's API (drain status); default: --url.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Command line for THORN, the SDN controller for RDMA training fabrics."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise typer.BadParameter(f"'{url}' is not an http:// or https:// URL", param_hint="--url")
-    state = State(url=url, token=token or None, timeout=timeout, out=Out(output))
+    for value, hint in ((url, "--url"), (pathcomp_url, "--pathcomp-url")):
+        if value is None:
+            continue
+        parts = urlsplit(value.strip())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise typer.BadParameter(
+                f"'{value}' is not an http:// or https:// URL", param_hint=hint
+            )
+    state = State(
+        url=url, token=token or None, timeout=timeout, out=Out(output),
+        pathcomp_url=pathcomp_url or None,
+    )  # fmt: skip
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -578,6 +617,181 @@ def nodes_show(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Nod
     )
 
 
+NodeName = Annotated[str, typer.Argument(metavar="NAME", help="Node name.", show_default=False)]
+Wait = Annotated[
+    bool,
+    typer.Option("--wait", help="Then poll path computation until it carries no traffic."),
+]
+WaitTimeout = Annotated[
+    float,
+    typer.Option(
+        "--timeout", min=0.0, help="With --wait: give up after this many seconds (exit 75)."
+    ),
+]
+Interval = Annotated[
+    float, typer.Option("--interval", min=0.05, help="With --wait: seconds between polls.")
+]
+
+
+def _show_node(out: Out, node: dict[str, Any], title: str) -> None:
+    out.fields(
+        [(k, node.get(k)) for k in ("name", "role", "admin_state", "mgmt_address")], title=title
+    )
+
+
+@nodes_app.command("drain")
+def nodes_drain(
+    ctx: typer.Context,
+    name: NodeName,
+    wait: Wait = False,
+    timeout: WaitTimeout = 120.0,
+    interval: Interval = 0.5,
+) -> None:
+    """Drain a switch: path computation leaves it out of every path (operator role)."""
+    state = _state(ctx)
+    node: dict[str, Any] = state.client.post(f"/nodes/{quote(name, safe='')}/drain")
+    if wait:
+        _drain_and_wait(state, "node", name, node, timeout, interval)
+    elif not state.out.data(node):
+        _show_node(state.out, node, f"Node {name} drained")
+
+
+@nodes_app.command("undrain")
+def nodes_undrain(ctx: typer.Context, name: NodeName) -> None:
+    """Return a drained node to service (operator role)."""
+    state = _state(ctx)
+    node: dict[str, Any] = state.client.post(f"/nodes/{quote(name, safe='')}/undrain")
+    if not state.out.data(node):
+        _show_node(state.out, node, f"Node {name} back in service")
+
+
+@nodes_app.command("status")
+def nodes_status(ctx: typer.Context, name: NodeName) -> None:
+    """Whether a node still carries traffic (from path computation)."""
+    state = _state(ctx)
+    status = state.pathcomp.get(f"/drains/nodes/{quote(name, safe='')}")
+    if not state.out.data(status):
+        _show_status(state.out, status, _status_title(status))
+
+
+# --- drains ----------------------------------------------------------------------------------
+
+
+def _label(status: dict[str, Any]) -> str:
+    return f"{'Link' if status['kind'] == 'link' else 'Node'} {status['element']}"
+
+
+def _waiting_for(status: dict[str, Any]) -> str:
+    """Why an element still counts as carrying traffic, in one line."""
+    if status["in_service"]:
+        if status["admin_state"] == "up":
+            return "path computation has not planned the drain yet (it still sees it up)"
+        return f"still in service in plan {status['plan_revision']}"
+    routes = status["routes_through"]
+    if routes["total"]:
+        return (
+            f"{routes['total']} routes still cross it (red {routes['red']}, blue {routes['blue']})"
+        )
+    pending: list[str] = status["agents_pending"]
+    if pending:
+        names = ", ".join(pending[:5]) + (f" (+{len(pending) - 5})" if len(pending) > 5 else "")
+        return f"{len(pending)} agent(s) still applying the new paths: {names}"
+    return "no traffic"
+
+
+def _status_title(status: dict[str, Any]) -> str:
+    if not status["carries_traffic"]:
+        return f"{_label(status)} carries no traffic (plan {status['plan_revision']})"
+    if status["in_service"] and status["admin_state"] == "up":
+        return f"{_label(status)} is in service (not drained): it carries traffic"
+    return f"{_label(status)} carries traffic: {_waiting_for(status)}"
+
+
+def _show_status(out: Out, status: dict[str, Any], title: str) -> None:
+    routes = status["routes_through"]
+    out.fields(
+        [
+            ("admin_state", status["admin_state"]),
+            ("in_service", status["in_service"]),
+            ("carries_traffic", status["carries_traffic"]),
+            ("routes_through", f"{routes['total']} (red {routes['red']}, blue {routes['blue']})"),
+            ("plan_revision", status["plan_revision"]),
+            ("out_of_service_since", status.get("since") or "-"),
+            ("agents_pending", status["agents_pending"] or "-"),
+            ("agents_silent", status["agents_silent"] or "-"),
+            ("hosts_cut_off", status["hosts_cut_off"] or "-"),
+        ],
+        title=title,
+    )
+    if status["agents_silent"]:
+        out.warn(
+            f"{len(status['agents_silent'])} agent(s) written for did not report in the last "
+            "minute and were not waited for: check them before touching the cable"
+        )
+    if status["hosts_cut_off"]:
+        out.warn("hosts left without any usable link: " + ", ".join(status["hosts_cut_off"]))
+
+
+def _drain_and_wait(
+    state: State,
+    kind: str,
+    element: str,
+    drained: dict[str, Any],
+    timeout: float,
+    interval: float,
+) -> None:
+    """Poll the drain status until the element carries no traffic, or give up (exit 75)."""
+    out = state.out
+    path = f"/drains/{kind}s/{quote(element, safe='')}"
+    start = time.monotonic()
+    shown = ""
+    while True:
+        status: dict[str, Any] = state.pathcomp.get(path)
+        elapsed = time.monotonic() - start
+        if not status["carries_traffic"]:
+            break
+        reason = _waiting_for(status)
+        if reason != shown:
+            out.note(f"[{elapsed:5.1f} s] {_label(status)}: {reason}")
+            shown = reason
+        if elapsed >= timeout:
+            raise CliError(
+                f"{_label(status).lower()} still carries traffic after {timeout:g} s: {reason} "
+                "(the drain stays in place; check again with "
+                f"thornctl {kind}s status {element})",
+                ExitCode.TEMPFAIL,
+            )
+        time.sleep(min(interval, max(timeout - elapsed, 0.0)))
+    if out.data({kind: drained, "drain": status}):
+        return
+    _show_status(out, status, f"{_label(status)} drained and carries no traffic ({elapsed:.1f} s)")
+
+
+@app.command()
+def drains(ctx: typer.Context) -> None:
+    """Every drained link and node, and whether each still carries traffic."""
+    state = _state(ctx)
+    page = state.pathcomp.pages("/drains", limit=None, offset=None, everything=True)
+    if state.out.data(page):
+        return
+    state.out.table(
+        ["KIND", "ELEMENT", "CARRIES TRAFFIC", "ROUTES", "AGENTS PENDING", "SINCE"],
+        (
+            [
+                s["kind"],
+                s["element"],
+                "yes" if s["carries_traffic"] else "no",
+                s["routes_through"]["total"],
+                len(s["agents_pending"]),
+                s.get("since") or "-",
+            ]
+            for s in page["items"]
+        ),
+        caption=page_caption(page, "drained elements"),
+        no_wrap=2,
+    )
+
+
 # --- links -----------------------------------------------------------------------------------
 
 
@@ -646,11 +860,20 @@ def links_show(ctx: typer.Context, link_id: LinkId) -> None:
 
 
 @links_app.command("drain")
-def links_drain(ctx: typer.Context, link_id: LinkId) -> None:
+def links_drain(
+    ctx: typer.Context,
+    link_id: LinkId,
+    wait: Wait = False,
+    timeout: WaitTimeout = 120.0,
+    interval: Interval = 0.5,
+) -> None:
     """Drain a link: path computation moves traffic off it (operator role)."""
     state = _state(ctx)
     link = state.client.post(f"/links/{link_id}/drain")
-    _show_link(state.out, link, title=f"Link {link_id} drained")
+    if wait:
+        _drain_and_wait(state, "link", str(link_id), link, timeout, interval)
+    else:
+        _show_link(state.out, link, title=f"Link {link_id} drained")
 
 
 @links_app.command("undrain")
@@ -659,6 +882,15 @@ def links_undrain(ctx: typer.Context, link_id: LinkId) -> None:
     state = _state(ctx)
     link = state.client.post(f"/links/{link_id}/undrain")
     _show_link(state.out, link, title=f"Link {link_id} back in service")
+
+
+@links_app.command("status")
+def links_status(ctx: typer.Context, link_id: LinkId) -> None:
+    """Whether a link still carries traffic (from path computation)."""
+    state = _state(ctx)
+    status = state.pathcomp.get(f"/drains/links/{link_id}")
+    if not state.out.data(status):
+        _show_status(state.out, status, _status_title(status))
 
 
 # --- tokens and audit ------------------------------------------------------------------------

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from datetime import datetime
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, Field
 
 from thorn.auth import Admin, Viewer
 from thorn.fabric import NotFound
-from thorn.web import ERROR_RESPONSES, FieldError
+from thorn.model import AdminState
+from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery
+from thorn_pathcomp.drains import DrainReport
 from thorn_pathcomp.plan import Route, UnknownHost
 from thorn_pathcomp.service import PathService
 
@@ -86,6 +89,110 @@ def _plan_out(service: PathService) -> PlanOut:
         unreachable_pairs=s.unreachable_pairs,
         stretch={k: StretchOut(max=v.max, mean=v.mean) for k, v in s.stretch.items()},
     )  # fmt: skip
+
+
+class RoutesThrough(BaseModel):
+    red: int
+    blue: int
+    total: int
+
+
+class DrainStatus(BaseModel):
+    """Whether a link or node still carries traffic, as the pathcomp replica answering sees
+    it (its view of the topology can lag a write by the time the event takes to arrive)."""
+
+    kind: Literal["link", "node"]
+    element: str = Field(description="the link id, or the node name")
+    admin_state: AdminState = Field(description="in the topology the served plan was made from")
+    in_service: bool = Field(
+        description="the plan may route over it: it and its end nodes are up, and health "
+        "does not report it out of service"
+    )
+    routes_through: RoutesThrough = Field(
+        description="host-pair routes of the served plan that cross it, per colour"
+    )
+    plan_revision: int
+    topology_revision: int
+    out_of_service_plan: int | None = Field(
+        description="the first plan revision served without it (null while in service)"
+    )
+    since: datetime | None = Field(description="when that plan was adopted (UTC)")
+    agents_pending: list[str] = Field(
+        description="nodes written since that plan whose (live) agents have not yet "
+        "reported the written desired state applied"
+    )
+    agents_silent: list[str] = Field(
+        description="nodes written since that plan whose agents have not reported within "
+        "the last minute: not waited for, check them by hand"
+    )
+    hosts_cut_off: list[str] = Field(
+        description="hosts left without any usable link because of it (their workloads "
+        "are unreachable, not moved)"
+    )
+    replanning: bool = Field(description="a plan is being computed or written right now")
+    carries_traffic: bool = Field(
+        description="false only when it is out of service, no route of the served plan "
+        "crosses it and every live agent applied the desired state written since; always "
+        "true while it is in service"
+    )
+
+
+def _status_out(report: DrainReport) -> DrainStatus:
+    red, blue = report.routes
+    return DrainStatus(
+        kind="link" if report.kind == "link" else "node", element=report.element,
+        admin_state=AdminState(report.admin_state), in_service=report.in_service,
+        routes_through=RoutesThrough(red=red, blue=blue, total=red + blue),
+        plan_revision=report.plan_revision, topology_revision=report.topology_revision,
+        out_of_service_plan=report.out_of_service_plan, since=report.since,
+        agents_pending=list(report.agents_pending), agents_silent=list(report.agents_silent),
+        hosts_cut_off=list(report.hosts_cut_off), replanning=report.replanning,
+        carries_traffic=report.carries_traffic,
+    )  # fmt: skip
+
+
+def _need_plan(service: PathService) -> None:
+    if service.plan is None or service.status is None:
+        raise FieldError(409, ["plan"], "no plan yet: the topology has not been planned", "busy")
+
+
+@router.get(
+    "/drains", response_model=Page[DrainStatus], tags=["drains"],
+    summary="Every drained link and node, and whether each still carries traffic",
+)  # fmt: skip
+async def list_drains(_: Viewer, service: Service, page: PageQuery) -> Page[DrainStatus]:
+    _need_plan(service)
+    drained = service.drained()
+    shown = drained[page.offset : page.offset + page.limit]
+    items = []
+    for kind, name in shown:
+        try:
+            items.append(_status_out(await service.drain_report(kind, name)))
+        except NotFound:
+            continue  # gone in a plan adopted meanwhile
+    return Page(items=items, total=len(drained), limit=page.limit, offset=page.offset)
+
+
+@router.get(
+    "/drains/links/{link_id}", response_model=DrainStatus, tags=["drains"],
+    summary="Whether a link still carries traffic",
+)  # fmt: skip
+async def link_drain(
+    _: Viewer, service: Service, link_id: Annotated[int, Path(description="link id")]
+) -> DrainStatus:
+    _need_plan(service)
+    return _status_out(await service.drain_report("link", str(link_id)))
+
+
+@router.get(
+    "/drains/nodes/{name}", response_model=DrainStatus, tags=["drains"],
+    summary="Whether a node still carries traffic",
+)  # fmt: skip
+async def node_drain(
+    _: Viewer, service: Service, name: Annotated[str, Path(description="node name")]
+) -> DrainStatus:
+    _need_plan(service)
+    return _status_out(await service.drain_report("node", name))
 
 
 @router.get("/paths", response_model=PathsOut, summary="The red and blue paths between two hosts")

@@ -13,6 +13,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 import structlog
@@ -21,9 +22,11 @@ from prometheus_client import Counter, Gauge, Histogram
 from thorn.desired import node_key
 from thorn.events import LinkHealthChanged, PathsChanged, TopologyChanged, utcnow
 from thorn.fabric import Fabric
+from thorn.model import AdminState, Role
 from thorn.store import Store
 from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.desired import DesiredStates, diff
+from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
 from thorn_pathcomp.plan import Plan, PlanUpdate
 
 log = structlog.get_logger("thorn.pathcomp")
@@ -42,8 +45,15 @@ KV_WRITES = Counter("thorn_pathcomp_kv_writes_total", "Desired-state documents w
 OUT_OF_SERVICE = {"down", "flapping", "drained"}
 
 
+class Entry(Protocol):
+    @property
+    def revision(self) -> int: ...
+
+
 class KeyValue(Protocol):
     async def put(self, node: str, value: bytes) -> int: ...
+
+    async def get(self, node: str) -> Entry | None: ...
 
 
 class Publisher(Protocol):
@@ -84,6 +94,13 @@ class PathService:
         self.link_states: dict[int, bool] = {}  # health's view, on top of admin states
         self._vni_written: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
+        # For drain reports: the plan revision at which each node's document last changed,
+        # the KV revision this replica last wrote for it, and since which plan (and when)
+        # each link or node has been out of service ((kind, name) -> (plan revision, time)).
+        self.changed_at: dict[str, int] = {}
+        self.written: dict[str, int] = {}
+        self.out_since: dict[tuple[str, str], tuple[int, datetime]] = {}
+        self._load: tuple[Plan, RouteLoad] | None = None
 
     # --- computing --------------------------------------------------------------------------
 
@@ -215,6 +232,7 @@ class PathService:
                             node_key(change.node), states.document_at(change.node, stage)
                         )
                         published += 1
+                self.written.update(written)
                 if n + 1 < len(stages) and (
                     late := await self.acks.wait(written, self.stage_timeout)
                 ):
@@ -222,7 +240,10 @@ class PathService:
                                 count=len(late))  # fmt: skip
             KV_WRITES.inc(published)
         self.revision += 1
+        for change in changes:
+            self.changed_at[change.node] = self.revision
         self.fabric, self.plan, self.states = fabric, plan, states
+        self._track_out_of_service(fabric, plan)
         self.status = PlanStatus(
             self.revision,
             fabric.revision,
@@ -255,3 +276,91 @@ class PathService:
         gc.collect()
         gc.freeze()
         return self.status
+
+    # --- drains -----------------------------------------------------------------------------
+
+    def _track_out_of_service(self, fabric: Fabric, plan: Plan) -> None:
+        """Remember since which plan each link and node has been out of service."""
+        out = {("link", str(link_id)) for link_id in plan.graph.excluded if link_id in fabric.links}
+        up = AdminState.up
+        out |= {("node", n) for n, nd in fabric.nodes.items() if nd.admin_state is not up}
+        now = utcnow()
+        self.out_since = {key: self.out_since.get(key, (self.revision, now)) for key in out}
+
+    async def route_load(self) -> RouteLoad:
+        """Routes per link and switch of the served plan (computed once per plan)."""
+        plan = self.plan
+        assert plan is not None
+        if self._load is None or self._load[0] is not plan:
+            self._load = (plan, await asyncio.to_thread(route_load, plan))
+        return self._load[1]
+
+    def drained(self) -> list[tuple[str, str]]:
+        """(kind, name) of every drained link (by id) and node (by name) in the served plan."""
+        fabric = self.fabric
+        if fabric is None:
+            return []
+        links = sorted(i for i, lk in fabric.links.items() if lk.admin_state is AdminState.drained)
+        nodes = sorted(n for n, nd in fabric.nodes.items() if nd.admin_state is AdminState.drained)
+        return [("link", str(i)) for i in links] + [("node", n) for n in nodes]
+
+    async def drain_report(self, kind: str, name: str) -> DrainReport:
+        """Whether link `name` (an id) or node `name` still carries traffic.
+
+        Raises NotFound for an element the served plan's topology does not have; the
+        caller checks that a plan exists.
+        """
+        fabric, plan, status = self.fabric, self.plan, self.status
+        assert fabric is not None and plan is not None and status is not None
+        load = await self.route_load()
+        isolated = set(plan.graph.groups.get((), []))
+        if kind == "link":
+            link = fabric.link(int(name))
+            admin_state = link.admin_state
+            in_service = link.id not in plan.graph.excluded
+            routes = load.link(link.id)
+            cut = {end.node for end in (link.a, link.b) if end.node in isolated}
+        else:
+            node = fabric.node(name)
+            admin_state = node.admin_state
+            in_service = admin_state is AdminState.up
+            if node.role is Role.switch:
+                routes = load.switch(name)
+            else:  # a host's routes: each crosses exactly one of its links
+                own = [load.link(a.link_id) for a in plan.graph.attachments.get(name, [])]
+                routes = (sum(r for r, _ in own), sum(b for _, b in own))
+            cut = {
+                end.node
+                for lk in fabric.links.values()
+                if name in (lk.a.node, lk.b.node)
+                for end in (lk.a, lk.b)
+                if end.node in isolated
+            }
+        since = self.out_since.get((kind, name)) if not in_service else None
+        pending: tuple[str, ...] = ()
+        silent: tuple[str, ...] = ()
+        if since is not None:
+            nodes = sorted(n for n, at in self.changed_at.items() if at >= since[0])
+            written = await self._written_revisions(nodes)
+            live = {n for n in nodes if self.acks.live(n)}
+            pending, silent = pending_agents(written, self.acks.applied, live)
+        return DrainReport(
+            kind=kind, element=name, admin_state=admin_state.value, in_service=in_service,
+            routes=routes, plan_revision=status.revision,
+            topology_revision=status.topology_revision,
+            out_of_service_plan=since[0] if since else None, since=since[1] if since else None,
+            agents_pending=pending, agents_silent=silent, hosts_cut_off=tuple(sorted(cut)),
+            replanning=self._lock.locked(),
+        )  # fmt: skip
+
+    async def _written_revisions(self, nodes: list[str]) -> dict[str, int]:
+        """The KV revision of each node's desired state: what this replica wrote, else (a
+        replica that does not lead: another one writes) what the KV holds now."""
+        mine = self.written if self.is_leader() else {}
+        out = {n: mine[n] for n in nodes if n in mine}
+        missing = [n for n in nodes if n not in out]
+        if missing and self.kv is not None:
+            kv = self.kv
+            entries = await asyncio.gather(*(kv.get(node_key(n)) for n in missing))
+            out.update({n: e.revision for n, e in zip(missing, entries, strict=True) if e})
+        return out

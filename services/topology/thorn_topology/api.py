@@ -260,6 +260,21 @@ async def update_node(
     return await _read(service, lambda f: f.node(name))
 
 
+@router.post("/nodes/{name}/drain", tags=["nodes"], response_model=Node)
+async def drain_node(principal: Operator, service: Service, name: NodeName) -> Node:
+    """Mark a switch drained: path computation leaves it out of every path (operator role).
+    A host is refused (409): its own traffic cannot avoid it."""
+    await service.write(principal, "node.drain", name, lambda f: f.drain_node(name))
+    return await _read(service, lambda f: f.node(name))
+
+
+@router.post("/nodes/{name}/undrain", tags=["nodes"], response_model=Node)
+async def undrain_node(principal: Operator, service: Service, name: NodeName) -> Node:
+    """Return a drained node to service (operator role); a down node is refused (409)."""
+    await service.write(principal, "node.undrain", name, lambda f: f.undrain_node(name))
+    return await _read(service, lambda f: f.node(name))
+
+
 @router.delete("/nodes/{name}", tags=["nodes"], response_model=WriteResult)
 async def delete_node(
     principal: Admin,
