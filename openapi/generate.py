@@ -19,8 +19,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from thorn.config import Settings
-from thorn.events import TOPOLOGY_CHANGED
-from thorn.shell import shell_app
+from thorn_health.app import create_app as health_app
 from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_programmer.app import create_app as programmer_app
 from thorn_topology.app import create_app as topology_app
@@ -31,7 +30,7 @@ DOCUMENT = Path(__file__).with_name("openapi.json")
 def service_apps(settings: Settings) -> list[FastAPI]:
     return [
         topology_app(settings),
-        shell_app("health", settings, [TOPOLOGY_CHANGED]),
+        health_app(settings),
         pathcomp_app(settings),
         programmer_app(settings.model_copy(update={"node_name": "openapi"})),
     ]

@@ -531,7 +531,8 @@ class DurableConsumer:
         """
         try:
             msgs = await self._sub.fetch(batch, timeout=max_wait)
-        except nats.errors.TimeoutError:
+        except (nats.errors.TimeoutError, TimeoutError):
+            # nats-py raises the builtin one when the wait ran out before the pull was sent
             return []
         out: list[Delivery] = []
         for msg in msgs:

@@ -59,6 +59,30 @@ class Settings(BaseSettings):
         50, ge=10, le=10_000, description="programmer: BFD desired TX and required RX interval"
     )
     bfd_multiplier: int = Field(3, ge=1, le=255, description="programmer: BFD detect multiplier")
+    health_degraded_loss: float = Field(
+        0.01, ge=0, le=1, description="health: loss fraction above which a link is degraded"
+    )
+    health_min_packets: int = Field(
+        100, ge=1, description="health: fewest packets between counter reports to judge loss"
+    )
+    health_flap_penalty: float = Field(
+        1000.0, gt=0, description="health: dampening penalty per flap (RFC 2439)"
+    )
+    health_half_life_seconds: float = Field(
+        15.0, gt=0, le=3600, description="health: dampening half-life of the figure of merit"
+    )
+    health_suppress_at: float = Field(
+        2000.0, gt=0, description="health: figure of merit at which a link is flapping"
+    )
+    health_reuse_at: float = Field(
+        750.0, gt=0, description="health: figure of merit below which it is reused"
+    )
+    health_max_penalty: float = Field(
+        6000.0, gt=0, description="health: ceiling of the figure of merit"
+    )
+    health_max_items: int = Field(
+        1000, ge=1, le=1000, description="health: most items it accepts in one agent report"
+    )
 
     @classmethod
     def unknown_environment(cls) -> list[str]:

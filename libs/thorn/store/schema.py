@@ -14,7 +14,9 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
+    Float,
     ForeignKey,
     ForeignKeyConstraint,
     Index,
@@ -133,3 +135,51 @@ class AuditRow(Base):
     revision: Mapped[int | None] = mapped_column(Integer)
     detail: Mapped[dict[str, Any]]
     __table_args__ = (Index("ix_audit_log_actor", "actor"), Index("ix_audit_log_at", "at"))
+
+
+# --- health: each link's machine (for a restart) and the failure history ------------------
+# No foreign key to `links`: history outlives the links it is about (deletes, imports), and
+# link ids are never reused.
+
+
+class HealthLinkRow(Base):
+    """The last state of one link's health machine, so a restarted health starts from it."""
+
+    __tablename__ = "health_links"
+    link_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    state: Mapped[str | None] = mapped_column(String(16))
+    sources: Mapped[dict[str, Any]]  # source -> up (bool)
+    loss: Mapped[float] = mapped_column(Float)
+    drained: Mapped[bool] = mapped_column(Boolean)
+    suppressed: Mapped[bool] = mapped_column(Boolean)
+    penalty: Mapped[float] = mapped_column(Float)
+    penalty_at: Mapped[float] = mapped_column(Float)  # wall-clock seconds (Unix time)
+    changed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class HealthFailureRow(Base):
+    """One failure of a link: from the report that took it out of service to the one that
+    brought it back (`ended_at` is null while it lasts)."""
+
+    __tablename__ = "health_failures"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    link_id: Mapped[int] = mapped_column(Integer)
+    a_node: Mapped[str] = mapped_column(String(NAME))
+    a_port: Mapped[str] = mapped_column(String(PORT))
+    b_node: Mapped[str] = mapped_column(String(NAME))
+    b_port: Mapped[str] = mapped_column(String(PORT))
+    state: Mapped[str] = mapped_column(String(16))  # the worst state: degraded/down/flapping
+    source: Mapped[str] = mapped_column(String(200))
+    source_kind: Mapped[str] = mapped_column(String(16))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    detected_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    received_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    detection_latency_ms: Mapped[float | None] = mapped_column(Float)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    end_source: Mapped[str | None] = mapped_column(String(200))
+    __table_args__ = (
+        Index("ix_health_failures_link", "link_id", "ended_at"),
+        Index("ix_health_failures_started", "started_at"),
+        Index("ix_health_failures_a", "a_node"),
+        Index("ix_health_failures_b", "b_node"),
+    )

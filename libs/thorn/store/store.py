@@ -35,6 +35,7 @@ from thorn.model import (
     Vni,
     Workload,
 )
+from thorn.store import health
 from thorn.store.schema import (
     AuditRow,
     LinkRow,
@@ -326,6 +327,31 @@ class Store:
             ).mappings()
             entries = [AuditEntry(**{**dict(r), "at": _iso(r["at"])}) for r in rows]
         return total, entries
+
+    # --- health ---------------------------------------------------------------------------
+
+    async def record_health(self, records: Sequence[health.HealthRecord]) -> None:
+        """Write health's link states and failure history records, in order, in one
+        transaction."""
+        if not records:
+            return
+        async with self.engine.begin() as conn:
+            await health.write_records(conn, records)
+
+    async def health_states(self) -> list[health.LinkStateRecord]:
+        """Every link's last health machine state (what a restarted health starts from)."""
+        async with self.engine.connect() as conn:
+            return await health.read_states(conn)
+
+    async def open_failures(self) -> dict[int, str]:
+        """Links with a failure still open, and that failure's state."""
+        async with self.engine.connect() as conn:
+            return await health.read_open(conn)
+
+    async def failures(self, query: health.FailureQuery) -> tuple[int, list[health.Failure]]:
+        """The failure history, newest first: (total matching, this page)."""
+        async with self.engine.connect() as conn:
+            return await health.read_failures(conn, query)
 
 
 class _WriteTransaction:

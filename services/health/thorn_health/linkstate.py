@@ -22,6 +22,7 @@ causes a storm of events downstream.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -68,6 +69,21 @@ class Transition:
     source: str  # what caused it: "carrier:leaf1:swp3", "bfd:...", "dampening", "drain"
 
 
+@dataclass(frozen=True, slots=True)
+class LinkSnapshot:
+    """What a link's machine must keep across a restart of health (see `LinkHealth.restore`).
+    `penalty_at` is on the same clock as the `now` arguments (the service uses wall-clock
+    seconds, so the figure of merit keeps decaying while health is away)."""
+
+    state: LinkState | None
+    sources: Mapping[str, bool]
+    loss: float
+    drained: bool
+    suppressed: bool
+    penalty: float
+    penalty_at: float
+
+
 class LinkHealth:
     def __init__(self, link_id: int, config: HealthConfig | None = None) -> None:
         self.link_id = link_id
@@ -80,6 +96,27 @@ class LinkHealth:
         self.suppressed = False
         self.state: LinkState | None = None
 
+    def snapshot(self) -> LinkSnapshot:
+        return LinkSnapshot(
+            self.state, dict(self.sources), self.loss, self.drained, self.suppressed,
+            self.penalty, self._penalty_at,
+        )  # fmt: skip
+
+    @classmethod
+    def restore(
+        cls, link_id: int, snapshot: LinkSnapshot, config: HealthConfig | None = None
+    ) -> LinkHealth:
+        """A link's machine as it was: reports that agree with it publish nothing."""
+        link = cls(link_id, config)
+        link.state = snapshot.state
+        link.sources = dict(snapshot.sources)
+        link.loss = snapshot.loss
+        link.drained = snapshot.drained
+        link.suppressed = snapshot.suppressed
+        link.penalty = snapshot.penalty
+        link._penalty_at = snapshot.penalty_at
+        return link
+
     # --- inputs ------------------------------------------------------------------------------
 
     def observe(self, source: str, up: bool, now: float) -> list[Transition]:
@@ -88,6 +125,13 @@ class LinkHealth:
         self.sources[source] = up
         if was_up and not self._raw_up():
             self._add_penalty(now)
+        return self._settle(now, source)
+
+    def forget(self, source: str, now: float) -> list[Transition]:
+        """A source stops watching the link (a BFD session set admin-down): it no longer
+        holds the link down, and its going away is not a flap."""
+        if self.sources.pop(source, None) is None:
+            return []
         return self._settle(now, source)
 
     def observe_loss(self, fraction: float, now: float, source: str) -> list[Transition]:

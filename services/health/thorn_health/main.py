@@ -1,17 +1,16 @@
-"""`thorn-health`: health: turns agent reports into link state (core: issue 5)."""
+"""`thorn-health`: turns agent reports into link health (`health.link.<id>`) and history."""
 
 from __future__ import annotations
 
 from thorn.config import Settings
-from thorn.events import TOPOLOGY_CHANGED
 from thorn.service import serve, start_logging
-from thorn.shell import shell_app
+from thorn_health.app import create_app
 
 
 def main() -> None:
     settings = Settings()
     start_logging(settings)
-    serve(shell_app("health", settings, [TOPOLOGY_CHANGED]), settings)
+    serve(create_app(settings), settings)
 
 
 if __name__ == "__main__":

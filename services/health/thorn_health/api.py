@@ -1,0 +1,223 @@
+"""REST routes of the health service, under /api/v1/health: links' health, the failure
+history and BFD sessions. Read-only (viewer)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import AwareDatetime, BaseModel, Field
+
+from thorn.auth import Viewer
+from thorn.fabric import NotFound
+from thorn.model import PortRef
+from thorn.store.health import Failure, FailureQuery
+from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
+from thorn_health.core import Session
+from thorn_health.service import HealthService
+
+
+def get_service(request: Request) -> HealthService:
+    service: HealthService = request.app.state.health
+    return service
+
+
+Service = Annotated[HealthService, Depends(get_service)]
+router = APIRouter(prefix="/api/v1/health", tags=["health"], responses=ERROR_RESPONSES)
+
+
+class LinkStateFilter(StrEnum):
+    up = "up"
+    down = "down"
+    degraded = "degraded"
+    flapping = "flapping"
+    drained = "drained"
+    unknown = "unknown"
+
+
+class FailureState(StrEnum):
+    degraded = "degraded"
+    down = "down"
+    flapping = "flapping"
+
+
+class SourceKind(StrEnum):
+    carrier = "carrier"
+    bfd = "bfd"
+    counters = "counters"
+    dampening = "dampening"
+    drain = "drain"
+    topology = "topology"
+
+
+class LinkHealthOut(BaseModel):
+    link_id: int
+    a: PortRef
+    b: PortRef
+    state: str = Field(description="up, down, degraded, flapping, drained; unknown: no report")
+    since: datetime | None = Field(description="when it entered this state (null: unknown)")
+    sources: dict[str, str] = Field(description="each source's last word: up or down")
+    loss: float = Field(description="worse end's loss fraction over the last counter reports")
+    penalty: float = Field(description="dampening figure of merit now (RFC 2439)")
+    suppressed: bool
+    reuse_in_s: float | None = Field(description="seconds until a suppressed link is reused")
+    drained: bool
+    open_failure: str | None = Field(description="the state of its open failure, if any")
+
+
+class FailureOut(BaseModel):
+    id: int
+    link_id: int
+    a: PortRef
+    b: PortRef
+    state: str = Field(description="the worst state of the failure: degraded, down, flapping")
+    source: str = Field(description="what detected it: carrier:<node>:<port>, bfd:..., ...")
+    source_kind: str
+    started_at: datetime
+    detected_at: datetime | None = Field(description="when the agent detected it")
+    received_at: datetime = Field(description="when health received the agent's report")
+    detection_latency_ms: float | None = Field(description="received_at - detected_at")
+    ended_at: datetime | None
+    end_source: str | None
+    duration_s: float | None
+
+
+class SessionOut(BaseModel):
+    node: str
+    local: str
+    peer: str
+    port: str | None
+    multihop: bool
+    state: str
+    diag: int
+    detected_at: datetime
+    link_id: int | None = Field(description="the link a single-hop session watches")
+
+
+def _link_out(service: HealthService, link_id: int) -> LinkHealthOut:
+    core = service.core
+    link, ends = core.links[link_id], core.ends[link_id]
+    now = service.clock()
+    open_failure = core.open_failures.get(link_id)
+    return LinkHealthOut(
+        link_id=link_id,
+        a=PortRef(node=ends.a_node, port=ends.a_port),
+        b=PortRef(node=ends.b_node, port=ends.b_port),
+        state=link.state.value if link.state else "unknown",
+        since=core.changed_at.get(link_id),
+        sources={k: "up" if v else "down" for k, v in sorted(link.sources.items())},
+        loss=link.loss,
+        penalty=round(link.penalty_at(now), 3),
+        suppressed=link.suppressed,
+        reuse_in_s=link.reuse_in(now),
+        drained=link.drained,
+        open_failure=open_failure.value if open_failure else None,
+    )
+
+
+@router.get("/links", response_model=Page[LinkHealthOut], summary="Links' health")
+async def list_links(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    state: Annotated[LinkStateFilter | None, Query(description="links in this state")] = None,
+    node: Annotated[str | None, Query(description="links with an end on this node")] = None,
+) -> Page[LinkHealthOut]:
+    core = service.core
+    chosen = [
+        link_id
+        for link_id in sorted(core.links)
+        if (
+            state is None
+            or (core.links[link_id].state or LinkStateFilter.unknown).value == state.value
+        )
+        and (node is None or node in (core.ends[link_id].a_node, core.ends[link_id].b_node))
+    ]
+    ids = paginate(chosen, page)
+    return Page(
+        items=[_link_out(service, i) for i in ids.items],
+        total=ids.total, limit=ids.limit, offset=ids.offset,
+    )  # fmt: skip
+
+
+@router.get("/links/{link_id}", response_model=LinkHealthOut, summary="One link's health")
+async def get_link(
+    _: Viewer, service: Service, link_id: Annotated[int, Path(description="link id")]
+) -> LinkHealthOut:
+    if link_id not in service.core.links:
+        raise NotFound(f"link {link_id} not found in the topology health follows")
+    return _link_out(service, link_id)
+
+
+def _failure_out(f: Failure) -> FailureOut:
+    return FailureOut(
+        id=f.id, link_id=f.link_id,
+        a=PortRef(node=f.a_node, port=f.a_port), b=PortRef(node=f.b_node, port=f.b_port),
+        state=f.state, source=f.source, source_kind=f.source_kind, started_at=f.started_at,
+        detected_at=f.detected_at, received_at=f.received_at,
+        detection_latency_ms=f.detection_latency_ms, ended_at=f.ended_at,
+        end_source=f.end_source,
+        duration_s=(f.ended_at - f.started_at).total_seconds() if f.ended_at else None,
+    )  # fmt: skip
+
+
+@router.get("/events", response_model=Page[FailureOut], summary="Failure history, newest first")
+async def list_events(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    link_id: Annotated[int | None, Query(ge=0, description="failures of this link")] = None,
+    node: Annotated[str | None, Query(description="failures of links with an end here")] = None,
+    source: Annotated[SourceKind | None, Query(description="what detected them")] = None,
+    state: Annotated[FailureState | None, Query(description="their worst state")] = None,
+    open: Annotated[bool | None, Query(description="true: still open; false: ended")] = None,
+    since: Annotated[AwareDatetime | None, Query(description="started at or after")] = None,
+    until: Annotated[AwareDatetime | None, Query(description="started before")] = None,
+) -> Page[FailureOut]:
+    if since is not None and until is not None and until <= since:
+        raise FieldError(422, ["query", "until"], "until must be later than since", "value")
+    query = FailureQuery(
+        link_id=link_id, node=node, source_kind=source.value if source else None,
+        state=state.value if state else None, open=open, since=since, until=until,
+        limit=page.limit, offset=page.offset,
+    )  # fmt: skip
+    total, failures = await service.store.failures(query)
+    return Page(
+        items=[_failure_out(f) for f in failures], total=total, limit=page.limit,
+        offset=page.offset,
+    )  # fmt: skip
+
+
+def _session_out(s: Session) -> SessionOut:
+    return SessionOut(
+        node=s.node, local=s.local, peer=s.peer, port=s.port, multihop=s.multihop,
+        state=s.state, diag=s.diag, detected_at=s.detected_at, link_id=s.link_id,
+    )  # fmt: skip
+
+
+@router.get("/sessions", response_model=Page[SessionOut], summary="BFD sessions agents report")
+async def list_sessions(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    node: Annotated[str | None, Query(description="sessions of this node's agent")] = None,
+    multihop: Annotated[bool | None, Query(description="true: path (multihop) sessions")] = None,
+    state: Annotated[str | None, Query(pattern="^(admin_down|down|init|up)$")] = None,
+) -> Page[SessionOut]:
+    sessions = sorted(
+        (
+            s
+            for s in service.core.sessions.values()
+            if (node is None or s.node == node)
+            and (multihop is None or s.multihop == multihop)
+            and (state is None or s.state == state)
+        ),
+        key=lambda s: (s.node, s.local, s.peer, s.port or ""),
+    )
+    chosen = paginate(sessions, page)
+    return Page(
+        items=[_session_out(s) for s in chosen.items], total=chosen.total,
+        limit=chosen.limit, offset=chosen.offset,
+    )  # fmt: skip

@@ -1,0 +1,415 @@
+"""The health service's shell around `HealthCore`: agent reports in (NATS requests), link
+transitions out (`health.link.<id>` through JetStream), history and machines to the store.
+
+The critical path of a report: decode and check it, apply it to the core (pure, in memory),
+publish every transition and wait for JetStream's acknowledgements, then reply to the agent.
+So an `ok` reply means the events are stored in the stream. The store is written after the
+reply, by one writer task, in batches: a slow database never delays failover.
+
+One lock orders everything that moves a machine (reports, topology changes, dampening
+ticks), so the events of one link are published in the order they happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import structlog
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import ValidationError
+
+from thorn.bus import Bus, BusError
+from thorn.events import (
+    AGENT_REPORT_ALL,
+    AGENT_REPORT_PREFIX,
+    TOPOLOGY_CHANGED,
+    AgentReport,
+    AgentReportReply,
+    LinkHealthChanged,
+    TopologyChanged,
+)
+from thorn.store import Store
+from thorn.store.health import HealthRecord, LinkStateRecord
+from thorn_health.core import HealthCore, LinkEnds, Outcome, links_of
+from thorn_health.linkstate import HealthConfig, Transition
+
+log = structlog.get_logger("thorn.health")
+
+QUEUE_GROUP = "thorn-health"
+
+REPORTS = Counter(
+    "thorn_health_reports_total", "Agent reports received, by result (applied, refused, failed)",
+    ["result"],
+)  # fmt: skip
+ITEMS = Counter(
+    "thorn_health_report_items_total",
+    "Report items, by result (applied; unknown: no such link or port in the topology)",
+    ["result"],
+)
+TRANSITIONS = Counter(
+    "thorn_health_transitions_total", "Link state transitions published, by new state", ["state"]
+)
+SEQ_GAPS = Counter("thorn_health_seq_gaps_total", "Agent reports missed (gaps in seq)")
+PUBLISH_FAILURES = Counter(
+    "thorn_health_publish_failures_total", "Link events that could not be published at once"
+)
+STORE_ERRORS = Counter("thorn_health_store_errors_total", "Failed writes of health records")
+REPORT_TO_PUBLISH = Histogram(
+    "thorn_health_report_publish_seconds",
+    "From receiving an agent report to its link events acknowledged by JetStream",
+    buckets=(0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0),
+)
+LINKS = Gauge("thorn_health_links", "Links by health state", ["state"])
+
+
+class ReportRefused(ValueError):
+    """A malformed report: the message names the field."""
+
+
+def parse_report(subject: str, data: bytes, max_items: int) -> AgentReport:
+    """The report in a request, or `ReportRefused` naming what is wrong with it."""
+    try:
+        report = AgentReport.model_validate_json(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}"
+            for err in exc.errors()[:5]
+        )
+        raise ReportRefused(f"not a valid AgentReport: {problems}") from exc
+    subject_node = subject.removeprefix(AGENT_REPORT_PREFIX + ".")
+    if report.node != subject_node:
+        raise ReportRefused(
+            f"node: {report.node!r} does not match the subject's node {subject_node!r}"
+        )
+    if len(report.items) > max_items:
+        raise ReportRefused(f"items: {len(report.items)} items, more than this health's limit"
+                            f" of {max_items}")  # fmt: skip
+    return report
+
+
+class HealthService:
+    def __init__(
+        self,
+        store: Store,
+        bus: Bus,
+        config: HealthConfig | None = None,
+        *,
+        min_packets: int = 100,
+        max_items: int = 1000,
+        refresh_seconds: float = 1.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.config = config or HealthConfig()
+        self.min_packets = min_packets
+        self.core = HealthCore(self.config, min_packets=min_packets)
+        self.links: dict[int, LinkEnds] = {}  # the topology as health sees it
+        self.leading = False  # the active replica: takes reports, publishes, writes
+        self.refresh_seconds = refresh_seconds
+        self.max_items = max_items
+        self.clock = clock
+        self.revision = -1
+        self._lock = asyncio.Lock()
+        self._records: asyncio.Queue[list[HealthRecord]] = asyncio.Queue()
+        self._unpublished: deque[LinkHealthChanged] = deque(maxlen=100_000)
+        self._subscriptions: list[Subscription] = []
+        self._tasks: list[asyncio.Task[None]] = []  # the active replica's writer and ticker
+        self._reports: Subscription | None = None
+        self._refresher: asyncio.Task[None] | None = None
+        self.active = asyncio.Event()  # set while this replica takes agent reports
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._writes_pending = 0
+        self._written = asyncio.Event()
+
+    # --- life -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start as a standby: the machines and topology from the store, the topology
+        followed, the API served. `lead()` makes this replica the active one."""
+        # Follow the topology before loading it: a change in between is not missed.
+        self._subscriptions.append(
+            await self.bus.subscribe(TOPOLOGY_CHANGED, self.on_topology, model=TopologyChanged)
+        )
+        await self.reload_topology("start")
+        await self._load_machines()
+        self._refresher = asyncio.create_task(self._refresh(), name="health-refresh")
+        log.info("health_standby", links=len(self.core.links), revision=self.revision)
+
+    async def lead(self) -> None:
+        """Be the active replica until cancelled: start from the store (the previous active
+        replica's last word), then take agent reports, publish, write, tick."""
+        try:
+            async with self._lock:
+                outcome = await self._load_machines(publish=True)
+                self.leading = True
+            self._after(outcome)
+            self._stopping = False
+            self._tasks = [
+                asyncio.create_task(self._writer(), name="health-writer"),
+                asyncio.create_task(self._ticker(), name="health-ticker"),
+            ]
+            self._reports = await self.bus.nc.subscribe(
+                AGENT_REPORT_ALL, queue=QUEUE_GROUP, cb=self.on_report_msg
+            )
+            self.active.set()
+            log.info("health_active", links=len(self.core.links), revision=self.revision)
+            await asyncio.Event().wait()  # until leadership goes (cancelled)
+        finally:
+            await self._step_down()
+
+    async def _step_down(self) -> None:
+        self.leading = False
+        self.active.clear()
+        if self._reports is not None:
+            with contextlib.suppress(Exception):
+                await self._reports.unsubscribe()
+            self._reports = None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5.0):
+                await self.flush()
+        self._stopping = True
+        self._wake.set()
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5.0)
+        self._tasks = []
+        log.info("health_standby", reason="no longer the active replica")
+
+    async def stop(self) -> None:
+        if self.leading or self._tasks:
+            await self._step_down()
+        for sub in self._subscriptions:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.wait([self._refresher], timeout=5.0)
+
+    async def _load_machines(self, *, publish: bool = False) -> Outcome:
+        """A fresh core from the store's machines and open failures, on the current topology.
+        `publish`: the active replica publishes what changed while nobody was (drains)."""
+        core = HealthCore(self.config, min_packets=self.min_packets)
+        core.restore(await self.store.health_states(), await self.store.open_failures())
+        outcome = core.set_topology(self.links, self.clock())
+        if self.leading or publish:
+            await self._publish(outcome.transitions)
+        self.core = core
+        for state, count in core.counts().items():
+            LINKS.labels(state).set(count)
+        return outcome
+
+    async def _refresh(self) -> None:
+        """A standby keeps its view (the API's answers) as fresh as the store."""
+        while True:
+            await asyncio.sleep(self.refresh_seconds)
+            if self.leading:
+                continue
+            try:
+                async with self._lock:
+                    if not self.leading:
+                        await self._load_machines()
+            except Exception as exc:  # the database is away: try again later
+                log.warning("health_refresh_failed", error=str(exc))
+
+    async def flush(self) -> None:
+        """Wait until every record handed to the writer so far is in the store."""
+        while self._writes_pending:
+            self._written.clear()
+            await self._written.wait()
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    async def on_report_msg(self, msg: Msg) -> None:
+        received = time.perf_counter()
+        try:
+            report = parse_report(msg.subject, msg.data, self.max_items)
+        except ReportRefused as exc:
+            REPORTS.labels("refused").inc()
+            log.warning("report_refused", subject=msg.subject, error=str(exc))
+            await self._reply(msg, AgentReportReply(ok=False, applied=0, error=str(exc)))
+            return
+        try:
+            async with self._lock:
+                outcome = self.core.apply(report, self.clock())
+                await self._publish(outcome.transitions)
+        except Exception as exc:  # a bug, not the agent's fault: say so, and keep serving
+            REPORTS.labels("failed").inc()
+            log.exception("report_failed", node=report.node, seq=report.seq)
+            error = f"health failed to apply the report: {type(exc).__name__}"
+            await self._reply(msg, AgentReportReply(ok=False, applied=0, error=error))
+            return
+        REPORT_TO_PUBLISH.observe(time.perf_counter() - received)
+        await self._reply(msg, AgentReportReply(ok=True, applied=outcome.applied))
+        REPORTS.labels("applied").inc()
+        ITEMS.labels("applied").inc(outcome.applied)
+        if outcome.unknown:
+            ITEMS.labels("unknown").inc(len(outcome.unknown))
+            log.debug("report_items_unknown", node=report.node, items=outcome.unknown[:10],
+                     count=len(outcome.unknown))  # fmt: skip
+        if outcome.seq_gap:
+            SEQ_GAPS.inc(outcome.seq_gap)
+            log.warning("report_seq_gap", node=report.node, seq=report.seq,
+                        missed=outcome.seq_gap)  # fmt: skip
+        elif outcome.seq_restart:
+            log.info("report_seq_restarted", node=report.node, seq=report.seq)
+        self._after(outcome)
+
+    async def on_topology(self, event: TopologyChanged) -> None:
+        if event.revision <= self.revision:
+            return
+        await self.reload_topology(f"topology revision {event.revision}")
+
+    async def reload_topology(self, reason: str) -> None:
+        fabric = await self.store.load()
+        async with self._lock:
+            if fabric.revision <= self.revision:
+                return
+            self.revision = fabric.revision
+            self.links = links_of(fabric)
+            outcome = self.core.set_topology(self.links, self.clock())
+            if self.leading:
+                await self._publish(outcome.transitions)
+        for state, count in self.core.counts().items():  # links came and went
+            LINKS.labels(state).set(count)
+        log.info("topology_loaded", reason=reason, revision=fabric.revision,
+                 links=len(self.core.links), transitions=len(outcome.transitions))  # fmt: skip
+        if self.leading:
+            self._after(outcome)
+
+    async def tick(self) -> None:
+        """Reuse the suppressed links whose figure of merit decayed (the ticker calls it)."""
+        async with self._lock:
+            outcome = self.core.tick(self.clock())
+            await self._publish(outcome.transitions)
+        self._after(outcome)
+
+    # --- outputs --------------------------------------------------------------------------
+
+    async def _publish(self, transitions: list[Transition]) -> None:
+        events = [self._event(t) for t in transitions]
+        if self._unpublished:
+            await self._retry_unpublished()
+        if not events:
+            return
+        if len(events) == 1:
+            await self._send(events[0])
+            return
+        # One chain per link keeps each link's events in order; links go out side by side.
+        chains: dict[int, list[LinkHealthChanged]] = {}
+        for event in events:
+            chains.setdefault(event.link_id, []).append(event)
+
+        async def chain(items: list[LinkHealthChanged]) -> None:
+            for item in items:
+                await self._send(item)
+
+        await asyncio.gather(*(chain(c) for c in chains.values()))
+
+    async def _send(self, event: LinkHealthChanged) -> None:
+        if self._unpublished and any(e.link_id == event.link_id for e in self._unpublished):
+            self._unpublished.append(event)  # behind this link's earlier events
+            return
+        try:
+            await self.bus.publish(event)
+        except BusError as exc:
+            PUBLISH_FAILURES.inc()
+            log.error("link_event_not_published", link_id=event.link_id, error=str(exc))
+            self._unpublished.append(event)
+            self._wake.set()
+            return
+        TRANSITIONS.labels(event.state).inc()
+
+    async def _retry_unpublished(self) -> None:
+        while self._unpublished:
+            event = self._unpublished[0]
+            try:
+                await self.bus.publish(event)
+            except BusError:
+                return
+            self._unpublished.popleft()
+            TRANSITIONS.labels(event.state).inc()
+            if not any(e.link_id == event.link_id for e in self._unpublished):
+                self.core.resave(event.link_id)  # its machine may be stored again
+
+    @staticmethod
+    def _event(t: Transition) -> LinkHealthChanged:
+        return LinkHealthChanged(
+            link_id=t.link_id,
+            state=t.state.value,
+            previous=t.previous.value if t.previous else None,
+            at=datetime.fromtimestamp(t.at, UTC),
+            source=t.source,
+        )
+
+    @staticmethod
+    async def _reply(msg: Msg, reply: AgentReportReply) -> None:
+        if msg.reply:
+            await msg.respond(reply.model_dump_json().encode())
+
+    def _after(self, outcome: Outcome) -> None:
+        """Off the critical path: the store, the gauges, the ticker.
+
+        The machine of a link whose event is still unpublished is not stored: a replica
+        that takes over from the store then learns the change again from the agents'
+        next reports, and publishes it."""
+        if self._unpublished:
+            waiting = {e.link_id for e in self._unpublished}
+            kept: list[HealthRecord] = []
+            for record in outcome.records:
+                if isinstance(record, LinkStateRecord) and record.link_id in waiting:
+                    self.core.resave(record.link_id)
+                else:
+                    kept.append(record)
+            outcome.records = kept
+        if outcome.records:
+            self._writes_pending += 1
+            self._records.put_nowait(outcome.records)
+        if outcome.transitions:
+            for state, count in self.core.counts().items():
+                LINKS.labels(state).set(count)
+            self._wake.set()
+
+    async def _writer(self) -> None:
+        while not self._stopping:
+            batch = await self._records.get()
+            taken = 1
+            while not self._records.empty():
+                batch = batch + self._records.get_nowait()
+                taken += 1
+            while True:
+                try:
+                    await self.store.record_health(batch)
+                    break
+                except Exception as exc:  # a database outage: keep the batch, try again
+                    STORE_ERRORS.inc()
+                    log.error("health_records_not_written", records=len(batch), error=str(exc))
+                    await asyncio.sleep(1.0)
+            self._writes_pending -= taken
+            self._written.set()
+
+    async def _ticker(self) -> None:
+        while not self._stopping:
+            wait = self.core.next_tick(self.clock())
+            if self._unpublished:
+                wait = min(wait if wait is not None else 1.0, 1.0)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait if wait is not None else 60.0):
+                    await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                return
+            due = self.core.next_tick(self.clock())
+            if (due is not None and due <= 0.01) or self._unpublished:
+                if due is not None and due > 0:
+                    await asyncio.sleep(due + 0.001)
+                await self.tick()
