@@ -19,10 +19,12 @@ venv: $(STAMP)
 run: venv
 	$(BIN)/thorn-run
 
-## test-deps: system packages the test lanes need (strace: golden netlink captures of tc)
+## test-deps: system packages the test lanes need (strace: golden netlink captures of tc;
+## frr: bfdd as the BFD interop peer of the fabric lane)
 test-deps:
 	@command -v psql >/dev/null || (apt-get update -qq && apt-get install -y -qq postgresql-client)
 	@command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
+	@test -x /usr/lib/frr/bfdd || (apt-get update -qq && apt-get install -y -qq frr)
 
 ## lint: ruff and mypy over the whole tree
 lint: venv

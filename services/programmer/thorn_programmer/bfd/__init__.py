@@ -1,7 +1,8 @@
-"""Pure BFD core: the RFC 5880 control packet codec and session state machine.
+"""BFD: the RFC 5880 control packet codec and session state machine (pure), and the runtime.
 
-No sockets, timers or threads here: the runtime (a manager owning UDP 3784/4784 sockets, RFC
-5881/5883) feeds packets and the clock in and carries out the returned actions.
+The codec and sessions have no sockets, timers or threads: the runtime (`BfdManager`, owning
+the UDP 3784/4784 sockets of RFC 5881/5883) feeds packets and the clock in and carries out the
+returned actions. `BfdProcess` runs a manager in a child process (same API, own GIL).
 """
 
 from thorn_programmer.bfd.codec import (
@@ -13,6 +14,15 @@ from thorn_programmer.bfd.codec import (
     State,
     decode,
 )
+from thorn_programmer.bfd.manager import (
+    DROP_REASONS,
+    BfdEvent,
+    BfdManager,
+    Counters,
+    EventQueue,
+    SessionStatus,
+)
+from thorn_programmer.bfd.process import BfdProcess
 from thorn_programmer.bfd.session import (
     SLOW_TX_US,
     Action,
@@ -25,15 +35,22 @@ from thorn_programmer.bfd.session import (
 
 __all__ = [
     "CONTROL_PACKET_LENGTH",
+    "DROP_REASONS",
     "SLOW_TX_US",
     "Action",
+    "BfdEvent",
+    "BfdManager",
+    "BfdProcess",
     "ControlPacket",
+    "Counters",
     "DecodeError",
     "Diag",
+    "EventQueue",
     "Refusal",
     "Send",
     "Session",
     "SessionConfig",
+    "SessionStatus",
     "State",
     "StateChange",
     "decode",

@@ -1,0 +1,213 @@
+"""`BfdManager` in a child process of its own: the same API, no GIL shared with the caller.
+
+Why: a BFD thread inside a busy Python process waits for the GIL. Measured (docs/bfd.md), an
+event loop that runs short callbacks and polls its selector keeps re-taking the GIL before a
+waiting thread wakes, and 10 ms timers on that thread were then hundreds of ms late at p99:
+enough for false detections at 10 ms x 3. A child process has its own interpreter and GIL;
+the kernel schedules it like any other process. CLOCK_MONOTONIC is system-wide, so the events'
+`monotonic` timestamps mean the same in both processes.
+
+The child is a fresh interpreter (`python -c ...` calling `_child_main`; forking a
+threaded parent is unsafe, and multiprocessing's "spawn" would re-run the parent's main
+module) talking over a socketpair with multiprocessing's pickled-message framing. It stops
+when the pipe closes, so it dies with its parent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from contextlib import suppress
+from multiprocessing.connection import Connection
+from types import TracebackType
+from typing import Any
+
+import structlog
+
+from thorn_programmer.bfd.manager import _COLLECTOR, BfdEvent, BfdManager, Counters, SessionStatus
+from thorn_programmer.bfd.session import SessionConfig
+
+log = structlog.get_logger("thorn.bfd")
+
+_REQUEST_TIMEOUT_S = 15.0
+_CHILD = (
+    "import sys; from multiprocessing.connection import Connection; "
+    "from thorn_programmer.bfd.process import _child_main; "
+    "_child_main(Connection(int(sys.argv[1])), sys.argv[2])"
+)
+_START_TIMEOUT_S = 30.0
+
+
+def _child_main(conn: Connection, name: str) -> None:
+    """The child: a manager, and this thread answering the parent's requests in order."""
+    lock = threading.Lock()
+
+    def send(message: tuple[Any, ...]) -> None:
+        with lock:  # the manager's thread (events) and this one (replies) share the pipe
+            conn.send(message)
+
+    manager = BfdManager(lambda event: send(("event", event)), name=name)
+    manager.start()
+    send(("ready",))
+    try:
+        while True:
+            try:
+                ident, op, args, kwargs = conn.recv()
+            except (EOFError, OSError):
+                return  # the parent is gone: stop
+            try:
+                result = getattr(manager, op)(*args, **kwargs)
+            except BaseException as exc:
+                send(("error", ident, exc))
+            else:
+                send(("reply", ident, result))
+            if op == "close":
+                return
+    finally:
+        manager.close(admin_down=False)
+        conn.close()
+
+
+class BfdProcess:
+    """The `BfdManager` API with the manager in a child process.
+
+    `on_event` runs on this process's reader thread, in order; it must not block. Use
+    `EventQueue.put` to hand events to an asyncio loop.
+    """
+
+    def __init__(
+        self,
+        on_event: Callable[[BfdEvent], None] | None = None,
+        *,
+        name: str = "bfd",
+    ) -> None:
+        self.name = name
+        self._on_event = on_event
+        self._conn: Connection | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._pending: dict[int, Future[Any]] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._gone = False
+        _COLLECTOR.managers.add(self)
+
+    def start(self) -> None:
+        if self._process is not None:
+            raise RuntimeError("BfdProcess already started")
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            fd = theirs.fileno()
+            self._process = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, str(fd), self.name],
+                pass_fds=[fd],
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            theirs.close()
+        self._conn = Connection(ours.detach())
+        self._reader = threading.Thread(target=self._read, name=f"bfd-{self.name}-rx", daemon=True)
+        self._reader.start()
+        if not self._ready.wait(_START_TIMEOUT_S) or self._gone:
+            self.close(admin_down=False)
+            raise RuntimeError("the BFD child process did not start")
+
+    def add(
+        self, config: SessionConfig, *, ifname: str | None = None, netns: str | None = None
+    ) -> None:
+        """As `BfdManager.add`; the sockets are made in the child (inside `netns`)."""
+        self._request("add", config, ifname=ifname, netns=netns)
+
+    def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None:
+        self._request("remove", local_discriminator, admin_down=admin_down)
+
+    def sessions(self) -> list[SessionStatus]:
+        result: list[SessionStatus] = self._request("sessions")
+        return result
+
+    def counters(self) -> Counters:
+        result: Counters = self._request("counters")
+        return result
+
+    def close(self, *, admin_down: bool = True, timeout: float = 2.0) -> None:
+        process = self._process
+        if process is None:
+            return
+        if not self._gone:
+            # Already gone, or stuck: terminated below.
+            with suppress(RuntimeError, TimeoutError):
+                self._request("close", admin_down=admin_down, timeout=timeout)
+        try:
+            process.wait(timeout + 2.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(2.0)
+        if self._conn is not None:
+            self._conn.close()
+        if self._reader is not None:
+            self._reader.join(2.0)
+
+    def __enter__(self) -> BfdProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        value: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _request(self, op: str, *args: Any, **kwargs: Any) -> Any:
+        conn = self._conn
+        if conn is None or self._gone:
+            raise RuntimeError("the BFD process is not running")
+        future: Future[Any] = Future()
+        with self._lock:
+            ident = next(self._ids)
+            self._pending[ident] = future
+            conn.send((ident, op, args, kwargs))
+        return future.result(_REQUEST_TIMEOUT_S)
+
+    def _read(self) -> None:
+        assert self._conn is not None
+        try:
+            while True:
+                message = self._conn.recv()
+                kind = message[0]
+                if kind == "event":
+                    self._deliver(message[1])
+                elif kind == "ready":
+                    self._ready.set()
+                else:
+                    future = self._pending.pop(message[1], None)
+                    if future is None:
+                        continue
+                    if kind == "reply":
+                        future.set_result(message[2])
+                    else:
+                        future.set_exception(message[2])
+        except (EOFError, OSError):
+            pass  # the child exited or the pipe was closed
+        finally:
+            self._gone = True
+            self._ready.set()
+            with self._lock:
+                pending, self._pending = self._pending, {}
+            for future in pending.values():
+                future.set_exception(RuntimeError("the BFD process is gone"))
+
+    def _deliver(self, event: BfdEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception("bfd event callback failed", manager=self.name)

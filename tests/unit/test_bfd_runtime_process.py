@@ -1,0 +1,116 @@
+"""`BfdProcess`: the manager in a child process, over loopback (no root needed). Requests and
+their errors cross the pipe, events come back in order with timestamps on the shared
+monotonic clock, and a dead child is reported instead of hanging the caller."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from thorn_programmer.bfd import BfdEvent, BfdManager, BfdProcess, Diag, SessionConfig, State
+
+A, B = "127.0.0.1", "127.0.0.2"
+
+
+def fast(disc: int, peer: str, local: str) -> SessionConfig:
+    return SessionConfig(disc, peer, local, 10_000, 10_000, 3)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[BfdEvent] = []
+        self.threads: set[str] = set()
+        self.cond = threading.Condition()
+
+    def __call__(self, event: BfdEvent) -> None:
+        with self.cond:
+            self.events.append(event)
+            self.threads.add(threading.current_thread().name)
+            self.cond.notify_all()
+
+    def wait_for(self, new: State, timeout: float = 10.0) -> BfdEvent:
+        with self.cond:
+            assert self.cond.wait_for(lambda: any(e.new == new for e in self.events), timeout)
+            return next(e for e in self.events if e.new == new)
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[BfdProcess, Recorder, BfdManager]]:
+    recorder = Recorder()
+    child = BfdProcess(recorder, name="unit-process")
+    peer = BfdManager(name="unit-process-peer")
+    child.start()
+    peer.start()
+    try:
+        yield child, recorder, peer
+    finally:
+        child.close(admin_down=False)
+        peer.close(admin_down=False)
+
+
+def test_sessions_in_the_child_come_up_and_report_events(
+    pair: tuple[BfdProcess, Recorder, BfdManager],
+) -> None:
+    child, recorder, peer = pair
+    child.add(fast(1, B, A))
+    peer.add(fast(2, A, B))
+    up = recorder.wait_for(State.UP)
+    assert (up.local_discriminator, up.peer, up.local_address) == (1, B, A)
+    assert abs(up.monotonic - time.monotonic()) < 10  # the same clock in both processes
+    assert recorder.threads == {"bfd-unit-process-rx"}
+    deadline = time.monotonic() + 5
+    # Both Poll sequences over (the peer's Final may still carry its slow 1 s until then).
+    while (child.sessions()[0].tx_interval_us, child.sessions()[0].detection_time_us) != (
+        10_000,
+        30_000,
+    ):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    (status,) = child.sessions()
+    assert (status.state, status.remote_discriminator, status.detection_time_us) == (
+        State.UP,
+        2,
+        30_000,
+    )
+    assert child.counters().received > 0
+    cut = time.monotonic()
+    peer.close(admin_down=False)
+    down = recorder.wait_for(State.DOWN)
+    assert down.diag == Diag.CONTROL_DETECTION_TIME_EXPIRED
+    assert 0.015 < down.monotonic - cut < 0.030 + 0.1
+
+
+def test_errors_cross_the_pipe(pair: tuple[BfdProcess, Recorder, BfdManager]) -> None:
+    child, _recorder, _peer = pair
+    child.add(fast(1, B, A))
+    with pytest.raises(ValueError, match="discriminator"):
+        child.add(fast(1, "127.0.0.3", A))
+    with pytest.raises(KeyError):
+        child.remove(42)
+    with pytest.raises(OSError):
+        child.add(fast(3, "127.0.0.3", A), netns="no-such-namespace")
+    child.remove(1)
+    assert child.sessions() == []
+
+
+def test_a_dead_child_is_reported_not_waited_for(
+    pair: tuple[BfdProcess, Recorder, BfdManager],
+) -> None:
+    child, _recorder, _peer = pair
+    process = child._process
+    assert process is not None and process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(5)
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            child.sessions()
+        except RuntimeError:
+            break
+        assert time.monotonic() < deadline, "still answering after SIGKILL"
+        time.sleep(0.01)
