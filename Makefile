@@ -53,6 +53,9 @@ bench: venv
 	$(BIN)/python tests/bench/bench_topology.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_pathcomp.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_datapath.py --report docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_health.py --write docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_carrier.py --write docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_bfd.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache  # .thorn (store, token) is kept

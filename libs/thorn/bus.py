@@ -366,8 +366,17 @@ class Bus:
         the reply's model). Raises `PublishError` when nobody answers in `reply_within` s
         or the connection fails."""
         subject = event.subject
+        # nats-py waits with asyncio.wait_for, which on Python 3.11 can swallow a cancel that
+        # lands as the reply arrives: the caller would never stop. Shielded, the request runs
+        # to its end (reply or timeout) in a task of its own, and a cancel reaches the caller.
+        request = asyncio.ensure_future(
+            self._nc.request(subject, encode(event), timeout=reply_within)
+        )
         try:
-            msg = await self._nc.request(subject, encode(event), timeout=reply_within)
+            msg = await asyncio.shield(request)
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
         except (nats.errors.Error, TimeoutError, OSError) as exc:
             PUBLISH_ERRORS.labels(self.name).inc()
             raise PublishError(subject, exc) from exc

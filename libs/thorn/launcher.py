@@ -35,6 +35,7 @@ console = Console()
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 DEFAULT_FABRIC = {"spines": 2, "leaves": 4, "hosts_per_leaf": 4}
+EMULATED_BFD_INTERVAL_MS = 300  # ~530 sessions in one process (16 hosts x 15 peers x 2 + links)
 
 
 @dataclass
@@ -212,7 +213,11 @@ def _emulated_fabric(
         doc = FabricDocument.model_validate_json(exported.content)
         result = build.up(doc, prefix, replace=True)
     with console.status("starting programmer (one agent per lab node)"):
-        child = _spawn("programmer", free_port(), {**env, "THORN_LAB": prefix}, logs)
+        # One process runs BFD for every node of the lab here (on a real fabric each node
+        # runs its own): hundreds of sessions, so slower timers unless the admin set them.
+        lab_env = {"THORN_BFD_INTERVAL_MS": str(EMULATED_BFD_INTERVAL_MS), **env,
+                   "THORN_LAB": prefix}  # fmt: skip
+        child = _spawn("programmer", free_port(), lab_env, logs)
         children.append(child)
         _wait_ready(child, time.monotonic() + START_TIMEOUT)
     return (

@@ -278,3 +278,23 @@ def test_multihop_accepts_ttl_from_254(lone: tuple[BfdManager, Recorder], ttl: i
     event = recorder.wait_for(lambda e: e.new == State.INIT)
     assert (event.local_discriminator, event.multihop) == (2, True)
     assert manager.counters().dropped == {}
+
+
+@pytest.mark.parametrize(("ttl", "taken"), [(251, True), (250, True), (249, False)])
+def test_a_multihop_session_takes_its_own_minimum_ttl(ttl: int, taken: bool) -> None:
+    """Peers several routers apart (a host's TEP to another's across a Clos: 3-5 hops) need
+    a lower bound than FRR's default 254, as FRR's per-peer `minimum-ttl` gives."""
+    recorder = Recorder()
+    with BfdManager(recorder, name="unit-min-ttl") as manager:
+        manager.add(fast(3, B, A, multihop=True, min_ttl=250))
+        inject(GOOD.encode(), B, 4784, ttl)
+        if taken:
+            assert recorder.wait_for(lambda e: e.new == State.INIT).local_discriminator == 3
+        else:
+            wait_until(lambda: manager.counters().dropped.get("ttl", 0) == 1)
+            assert recorder.events == []
+
+
+def test_min_ttl_is_refused_on_a_single_hop_session() -> None:
+    with pytest.raises(ValueError, match="min_ttl is for multihop"):
+        fast(4, B, A, min_ttl=250)

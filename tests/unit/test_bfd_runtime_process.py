@@ -114,3 +114,15 @@ def test_a_dead_child_is_reported_not_waited_for(
             break
         assert time.monotonic() < deadline, "still answering after SIGKILL"
         time.sleep(0.01)
+
+
+def test_the_child_asks_for_prompt_scheduling(
+    pair: tuple[BfdProcess, Recorder, BfdManager],
+) -> None:
+    """As root the BFD process runs SCHED_FIFO (timers on time under a busy machine);
+    unprivileged it falls back to nice -10 or the default, and says which."""
+    child = pair[0]
+    if os.geteuid() == 0:
+        assert child.scheduling == "SCHED_FIFO 10"
+    else:
+        assert child.scheduling in ("nice -10", "normal")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 
@@ -120,6 +120,9 @@ class NodeAgent:
         self._lock = asyncio.Lock()
         self._last_intent: Intent | None = None
         self.reconciled = asyncio.Event()  # set after every reconcile (tests wait on it)
+        # Called with each intent once applied (BFD sessions follow what was programmed).
+        self._flips: set[asyncio.Task[None]] = set()
+        self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
 
     # --- running ---------------------------------------------------------------------------
 
@@ -247,6 +250,8 @@ class NodeAgent:
         self.reconciled.set()
         self.reconciled = asyncio.Event()
         await self._report(result)
+        for follower in self.on_applied:
+            await follower(None if self._deleted else self._last_intent)
         return result
 
     def _record(self, result: ReconcileResult) -> None:
@@ -277,6 +282,31 @@ class NodeAgent:
             await self.bus.publish(event)
 
     # --- local fast failover -----------------------------------------------------------------
+
+    @property
+    def applied(self) -> Intent | None:
+        """The intent last applied to the kernel (None before the first reconcile)."""
+        return self._last_intent
+
+    def colour_of(self, peer: str) -> ColourName | None:
+        """The colour traffic toward peer host `peer` takes now (None: no such peer)."""
+        intent = self._last_intent
+        if not isinstance(intent, HostIntent):
+            return None
+        return next((p.colour for p in intent.peers if p.host == peer), None)
+
+    def flip_soon(self, peer: str, colour: ColourName, reason: str) -> None:
+        """`flip` as a task of its own (from a detector's callback); failures are logged."""
+
+        async def flip() -> None:
+            try:
+                await self.flip(peer, colour, reason)
+            except (LookupError, RuntimeError) as exc:
+                log.warning("failover_not_done", node=self.node, peer=peer, error=str(exc))
+
+        task = asyncio.create_task(flip(), name=f"flip-{self.node}-{peer}")
+        self._flips.add(task)
+        task.add_done_callback(self._flips.discard)
 
     async def flip(self, peer: str, colour: ColourName, reason: str) -> float:
         """Send traffic toward `peer` on `colour` now. Returns the seconds the kernel took."""

@@ -22,6 +22,9 @@ from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.telemetry import instrument
 from thorn_programmer.agent import AgentStatus, NodeAgent
+from thorn_programmer.bfd import BfdProcess, EventQueue
+from thorn_programmer.bfd.manager import SessionStatus
+from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
 from thorn_programmer.reports import Reporter
 
@@ -123,7 +126,11 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 ]  # fmt: skip
             app.state.agents = agents
             app.state.reporters = reporters
-            log.info("programmer_ready", nodes=len(agents), datapath=settings.datapath)
+            app.state.bfd = None
+            if settings.bfd_sessions != "off":
+                app.state.bfd = await _start_bfd(settings, stack, agents, reporters, served)
+            log.info("programmer_ready", nodes=len(agents), datapath=settings.datapath,
+                     bfd=settings.bfd_sessions)  # fmt: skip
             try:
                 yield
             finally:
@@ -139,4 +146,66 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
         """Each agent in this process: driver, applied revision, last reconcile's outcome."""
         return [asdict(a.status) for a in request.app.state.agents]
 
+    @app.get("/bfd", include_in_schema=False)
+    async def bfd(request: Request) -> dict[str, Any]:
+        """Every BFD session of this process (state, negotiated timers) and the drop counts."""
+        manager: BfdProcess | None = request.app.state.bfd
+        if manager is None:
+            return {"enabled": False, "sessions": [], "counters": None}
+        sessions = await asyncio.to_thread(manager.sessions)
+        counters = await asyncio.to_thread(manager.counters)
+        return {"enabled": True, "scheduling": manager.scheduling,
+                "sessions": [_session_out(s) for s in sessions],
+                "counters": asdict(counters)}  # fmt: skip
+
     return app
+
+
+def _session_out(status: SessionStatus) -> dict[str, Any]:
+    out = asdict(status)
+    for key in ("state", "remote_state", "diag"):
+        out[key] = out[key].name.lower()
+    return out
+
+
+async def _start_bfd(
+    settings: Settings,
+    stack: AsyncExitStack,
+    agents: list[NodeAgent],
+    reporters: list[Reporter],
+    served: list[tuple[str, str | None]],
+) -> BfdProcess:
+    """One BFD process for every node of this process; each agent's sessions follow what it
+    applied, report to health and may flip a peer (thorn_programmer.detect)."""
+    events = EventQueue()
+    # In a child process: a BFD thread here would wait for the GIL behind the agents' work,
+    # and 10 ms timers then run late (docs/bfd.md).
+    manager = BfdProcess(on_event=events.put, name="programmer")
+    manager.start()
+    stack.callback(manager.close)  # AdminDown to every peer: a stop is not a failure
+    discriminators = Discriminators()
+    nodes = []
+    for agent, reporter, (_, netns) in zip(agents, reporters, served, strict=True):
+        sessions = BfdSessions(
+            agent.node, netns, manager, discriminators, mode=settings.bfd_sessions,
+            interval_ms=settings.bfd_interval_ms, multiplier=settings.bfd_multiplier,
+            report=reporter.bfd, colour_of=agent.colour_of, flip=agent.flip_soon,
+        )  # fmt: skip
+        agent.on_applied.append(sessions.update)
+        nodes.append(sessions)
+
+    async def dispatch() -> None:
+        async for event in events:
+            for sessions in nodes:
+                if sessions.owns(event.local_discriminator):
+                    sessions.event(event)
+                    break
+
+    task = asyncio.create_task(dispatch(), name="bfd-events")
+
+    async def stop() -> None:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    stack.push_async_callback(stop)
+    return manager

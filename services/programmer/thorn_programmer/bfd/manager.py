@@ -523,7 +523,8 @@ class BfdManager:
 
     def _deliver(self, where: _ListenerKey, datagram: transport.Datagram, now: float) -> str | None:
         """Demultiplex one datagram to its session (§6.8.6); the drop reason, or None."""
-        if not transport.ttl_acceptable(datagram.ttl, where.multihop):
+        # Multihop: the session's own minimum TTL is checked once the session is known.
+        if not transport.ttl_acceptable(datagram.ttl, where.multihop, min_ttl=1):
             return DROP_TTL
         try:
             packet = decode(datagram.data)
@@ -544,6 +545,10 @@ class BfdManager:
             )
             if entry is None:
                 return DROP_UNKNOWN_SESSION
+        if where.multihop and not transport.ttl_acceptable(
+            datagram.ttl, True, entry.session.config.min_ttl
+        ):
+            return DROP_TTL
         if entry.ifindex and not where.multihop and datagram.ifindex != entry.ifindex:
             return DROP_WRONG_INTERFACE
         self._apply(entry, entry.session.receive(packet, now))

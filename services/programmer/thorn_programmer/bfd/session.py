@@ -28,6 +28,8 @@ class SessionConfig:
     required_min_rx_us: int = 300_000
     detect_mult: int = 3
     multihop: bool = False
+    # Multihop: the lowest TTL accepted (FRR's `minimum-ttl`); None: 254, one router away.
+    min_ttl: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.local_discriminator <= 0xFFFFFFFF:
@@ -38,6 +40,8 @@ class SessionConfig:
             raise ValueError("desired_min_tx_us must be a nonzero 32-bit value (§6.8.1)")
         if not 0 <= self.required_min_rx_us <= 0xFFFFFFFF:
             raise ValueError("required_min_rx_us must be a 32-bit value")
+        if self.min_ttl is not None and (not self.multihop or not 1 <= self.min_ttl <= 255):
+            raise ValueError("min_ttl is for multihop sessions, 1..255 (single hop needs 255)")
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,11 +68,14 @@ def port_for(multihop: bool) -> int:
     return MULTIHOP_PORT if multihop else SINGLE_HOP_PORT
 
 
-def ttl_acceptable(ttl: int | None, multihop: bool) -> bool:
-    """RFC 5881 §5 / RFC 5883 §5; a datagram whose TTL the kernel did not report is refused."""
+def ttl_acceptable(ttl: int | None, multihop: bool, min_ttl: int | None = None) -> bool:
+    """RFC 5881 §5 / RFC 5883 §5; a datagram whose TTL the kernel did not report is refused.
+    Multihop takes `min_ttl` (the session's, as FRR's `minimum-ttl`), by default 254."""
     if ttl is None:
         return False
-    return ttl >= MULTIHOP_MIN_TTL if multihop else ttl == SINGLE_HOP_TTL
+    if multihop:
+        return ttl >= (min_ttl if min_ttl is not None else MULTIHOP_MIN_TTL)
+    return ttl == SINGLE_HOP_TTL
 
 
 def _wildcard(family: socket.AddressFamily) -> str:

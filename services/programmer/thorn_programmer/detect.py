@@ -1,0 +1,227 @@
+"""BFD sessions a node's agent runs, derived from what it was told to program.
+
+- *links* (RFC 5881 single-hop): one session per fabric port that carries (or once carried)
+  underlay routes, to the neighbour's address on that link (`Route.via`). A silent failure
+  of the link (carrier up, packets lost) shows here; health maps it to the link by (node,
+  port). The session stays when traffic moves off the link, so its recovery is seen too.
+- *peers* (RFC 5883 multihop): on a host, one session per peer host and colour, from this
+  host's TEP of that colour to the peer's. A TEP's prefix is routed along its colour's tree,
+  so each session watches exactly the path its colour's traffic takes. When the session of
+  the colour a peer is using goes down, and the other colour's is up, the agent flips that
+  peer to the other colour at once (`NodeAgent.flip`), without waiting for the controller.
+
+Every session change is reported to health (`Reporter.bfd`). A session the agent removes
+says AdminDown first (RFC 5880 §6.8.16), and a peer's AdminDown is reported as
+`admin_down`, not `down`: health withdraws the source instead of failing the link.
+
+`wanted_sessions` is the pure part; `BfdSessions` is the shell that keeps one node's sessions
+in a shared `BfdManager` (one thread serves every node of the process).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import structlog
+from prometheus_client import Counter
+
+from thorn.desired import ColourName
+from thorn.events import BfdReport
+from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, State
+from thorn_programmer.intent import HostIntent, Intent
+
+log = structlog.get_logger("thorn.programmer.bfd")
+
+BFD_FLIPS = Counter(
+    "thorn_programmer_bfd_failovers_total",
+    "Local failovers started by a peer's BFD session going down",
+    ["node"],
+)
+
+Mode = Literal["off", "links", "peers", "all"]
+# Peer TEP sessions cross several routers (leaf, spine, leaf: 3; a 3-tier fat tree: 5; a
+# stretched backup path a few more): accept up to 8, where FRR's multihop default takes 1.
+PEER_MIN_TTL = 255 - 8
+_OTHER: dict[ColourName, ColourName] = {"red": "blue", "blue": "red"}
+_STATE_NAMES: dict[State, Literal["admin_down", "down", "init", "up"]] = {
+    State.ADMIN_DOWN: "admin_down", State.DOWN: "down", State.INIT: "init", State.UP: "up",
+}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class WantedSession:
+    peer: str  # the far end's address
+    local: str | None  # our address (multihop: our TEP); None: the kernel's choice
+    ifname: str | None  # single-hop: the port it runs on
+    multihop: bool
+    peer_host: str | None = None  # multihop: the host at the far end
+    colour: ColourName | None = None  # multihop: the colour whose path it watches
+
+
+def wanted_sessions(intent: Intent | None, mode: Mode) -> frozenset[WantedSession]:
+    if intent is None or mode == "off":
+        return frozenset()
+    wanted: set[WantedSession] = set()
+    if mode in ("links", "all"):
+        wanted |= {
+            WantedSession(peer=r.via, local=None, ifname=r.dev, multihop=False)
+            for r in intent.routes
+            if r.via is not None
+        }
+    if mode in ("peers", "all") and isinstance(intent, HostIntent):
+        for peer in intent.peers:
+            for colour, tep in peer.teps.items():
+                ours = intent.teps.get(colour)
+                if ours is not None and peer.host != intent.node:
+                    wanted.add(WantedSession(tep, ours, None, True, peer.host, colour))
+    return frozenset(wanted)
+
+
+class SessionRunner(Protocol):
+    """What `BfdSessions` needs of a `BfdManager` (thread-safe, blocking calls)."""
+
+    def add(
+        self, config: SessionConfig, *, ifname: str | None = None, netns: str | None = None
+    ) -> None: ...
+
+    def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None: ...
+
+
+class Discriminators:
+    """Local discriminators unique within one manager (RFC 5880 §6.8.1: nonzero)."""
+
+    def __init__(self) -> None:
+        self._next: Iterator[int] = itertools.count(1)
+
+    def take(self) -> int:
+        return next(self._next)
+
+
+# What the agent offers the sessions: the colour a peer uses now, and the fast failover.
+ColourOf = Callable[[str], ColourName | None]
+Flip = Callable[[str, ColourName, str], None]
+
+
+class BfdSessions:
+    """One node's sessions in a shared manager: `update` follows each applied intent;
+    `event` (on the agent's loop) reports a change and may start a local failover."""
+
+    def __init__(
+        self,
+        node: str,
+        netns: str | None,
+        manager: SessionRunner,
+        discriminators: Discriminators,
+        *,
+        mode: Mode,
+        interval_ms: int,
+        multiplier: int,
+        report: Callable[[BfdReport], None],
+        colour_of: ColourOf,
+        flip: Flip,
+    ) -> None:
+        self.node = node
+        self.netns = netns
+        self.manager = manager
+        self.discriminators = discriminators
+        self.mode = mode
+        self.interval_us = interval_ms * 1000
+        self.multiplier = multiplier
+        self.report = report
+        self.colour_of = colour_of
+        self.flip = flip
+        self.sessions: dict[WantedSession, int] = {}  # -> local discriminator
+        self.states: dict[int, State] = {}
+        self._by_disc: dict[int, WantedSession] = {}
+        self._lock = asyncio.Lock()
+
+    def owns(self, discriminator: int) -> bool:
+        return discriminator in self._by_disc
+
+    async def update(self, intent: Intent | None) -> None:
+        """Start the sessions the intent calls for and stop the others (AdminDown first)."""
+        async with self._lock:
+            wanted = wanted_sessions(intent, self.mode)
+            if intent is not None:
+                wanted |= self._kept_links(wanted)
+            for key in set(self.sessions) - wanted:
+                disc = self.sessions.pop(key)
+                with contextlib.suppress(KeyError):
+                    await asyncio.to_thread(self.manager.remove, disc)
+                self._by_disc.pop(disc, None)
+                self.states.pop(disc, None)
+            for key in sorted(wanted - set(self.sessions), key=repr):
+                disc = self.discriminators.take()
+                config = SessionConfig(
+                    local_discriminator=disc, peer=key.peer, local_address=key.local,
+                    desired_min_tx_us=self.interval_us, required_min_rx_us=self.interval_us,
+                    detect_mult=self.multiplier, multihop=key.multihop,
+                    min_ttl=PEER_MIN_TTL if key.multihop else None,
+                )  # fmt: skip
+                self._by_disc[disc] = key
+                try:
+                    await asyncio.to_thread(
+                        self.manager.add, config, ifname=key.ifname, netns=self.netns
+                    )
+                except (OSError, ValueError) as exc:
+                    # e.g. the port is gone already: the next intent tries again
+                    del self._by_disc[disc]
+                    log.warning("bfd_session_not_started", node=self.node, peer=key.peer,
+                                port=key.ifname, error=str(exc))  # fmt: skip
+                    continue
+                self.sessions[key] = disc
+                self.states[disc] = State.DOWN
+
+    def _kept_links(self, wanted: frozenset[WantedSession]) -> frozenset[WantedSession]:
+        """Single-hop sessions outlive the routes that started them: a link watched only
+        while it carries routes would vanish from BFD when pathcomp moves traffic off it
+        (a BFD failure, a drain), and its Down would then never be cleared. A session goes
+        when its port is given to another neighbour, or the node leaves the fabric."""
+        repointed = {k.ifname for k in wanted if not k.multihop}
+        return frozenset(k for k in self.sessions if not k.multihop and k.ifname not in repointed)
+
+    async def close(self) -> None:
+        await self.update(None)
+
+    def event(self, event: BfdEvent) -> None:
+        key = self._by_disc.get(event.local_discriminator)
+        if key is None:
+            return
+        self.states[event.local_discriminator] = event.new
+        withdrawn = event.new is State.ADMIN_DOWN or (
+            event.new is State.DOWN and event.remote_state is State.ADMIN_DOWN
+        )
+        self.report(
+            BfdReport(
+                local=key.local or key.ifname or "any",
+                peer=key.peer,
+                port=key.ifname,
+                multihop=key.multihop,
+                state="admin_down" if withdrawn else _STATE_NAMES[event.new],
+                diag=int(event.diag),
+                detected_at=event.wall,
+            )
+        )
+        if key.multihop and event.old is State.UP and event.new is State.DOWN and not withdrawn:
+            self._fail_over(key, event.diag)
+
+    def _fail_over(self, key: WantedSession, diag: Diag) -> None:
+        assert key.peer_host is not None and key.colour is not None
+        if self.colour_of(key.peer_host) != key.colour:
+            return  # the peer does not use this colour now: nothing to move
+        other = _OTHER[key.colour]
+        other_key = next(
+            (k for k in self.sessions if k.peer_host == key.peer_host and k.colour == other),
+            None,
+        )
+        if other_key is not None and self.states.get(self.sessions[other_key]) is not State.UP:
+            log.warning("bfd_no_failover_both_colours_down", node=self.node, peer=key.peer_host)
+            return
+        BFD_FLIPS.labels(self.node).inc()
+        reason = f"bfd {key.colour} to {key.peer_host} down ({diag.name.lower()})"
+        self.flip(key.peer_host, other, reason)

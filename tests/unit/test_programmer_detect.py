@@ -1,0 +1,219 @@
+"""Which BFD sessions a node runs, what it reports, and when it fails over on its own.
+
+The manager here is a recording stand-in (the real one runs over UDP in the fabric lane:
+tests/fabric/test_bfd_*.py and the end-to-end detection tests); these tests pin the policy.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from thorn.desired import ColourName
+from thorn.events import BfdReport
+from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, State
+from thorn_programmer.detect import BfdSessions, Discriminators, WantedSession, wanted_sessions
+from thorn_programmer.intent import HostIntent, Peer, SwitchIntent, UnderlayRoute
+
+TEPS: dict[ColourName, str] = {"red": "10.224.0.1", "blue": "10.240.0.1"}
+
+
+def peer(host: str, n: int, colour: ColourName = "red") -> Peer:
+    teps: dict[ColourName, str] = {"red": f"10.224.0.{n}", "blue": f"10.240.0.{n}"}
+    return Peer(f"{host}-vf0", 100, f"02:00:00:00:00:0{n}", f"100.64.0.{n}", host, teps, colour)
+
+
+def host_intent(*peers: Peer) -> HostIntent:
+    routes = (
+        UnderlayRoute("10.224.0.0/16", "eth0", "10.0.0.0"),
+        UnderlayRoute("10.240.0.0/16", "eth1", "10.0.1.0"),
+        UnderlayRoute("10.250.0.0/16", "eth1", "10.0.1.0"),  # same neighbour: one session
+    )
+    return HostIntent("host1", 1, TEPS, routes, (), peers)
+
+
+def test_a_switch_runs_one_single_hop_session_per_routed_neighbour() -> None:
+    intent = SwitchIntent("leaf1", 1, (
+        UnderlayRoute("10.224.0.0/28", "swp1", "10.0.0.1"),
+        UnderlayRoute("10.224.0.16/28", "swp1", "10.0.0.1"),
+        UnderlayRoute("10.224.0.32/28", "swp2", "10.0.0.3"),
+        UnderlayRoute("10.9.0.0/24", "swp3", None),  # connected: no neighbour to watch
+    ))  # fmt: skip
+    assert wanted_sessions(intent, "all") == {
+        WantedSession("10.0.0.1", None, "swp1", False),
+        WantedSession("10.0.0.3", None, "swp2", False),
+    }
+
+
+def test_a_host_watches_each_peer_host_on_both_colours_from_its_own_teps() -> None:
+    intent = host_intent(peer("host2", 2), peer("host2", 2), peer("host3", 3, "blue"))
+    multihop = {s for s in wanted_sessions(intent, "peers")}
+    assert multihop == {
+        WantedSession("10.224.0.2", "10.224.0.1", None, True, "host2", "red"),
+        WantedSession("10.240.0.2", "10.240.0.1", None, True, "host2", "blue"),
+        WantedSession("10.224.0.3", "10.224.0.1", None, True, "host3", "red"),
+        WantedSession("10.240.0.3", "10.240.0.1", None, True, "host3", "blue"),
+    }
+    assert len(wanted_sessions(intent, "all")) == 4 + 2  # and its two uplinks
+    assert len(wanted_sessions(intent, "links")) == 2
+    assert wanted_sessions(intent, "off") == frozenset()
+    assert wanted_sessions(None, "all") == frozenset()
+
+
+class FakeManager:
+    def __init__(self, refuse: set[str] | None = None) -> None:
+        self.sessions: dict[int, SessionConfig] = {}
+        self.removed: list[int] = []
+        self.refuse = refuse or set()
+
+    def add(self, config: SessionConfig, *, ifname: str | None = None,
+            netns: str | None = None) -> None:  # fmt: skip
+        if ifname in self.refuse:
+            raise OSError(19, f"no such device {ifname}")
+        self.sessions[config.local_discriminator] = config
+
+    def remove(self, disc: int, *, admin_down: bool = True) -> None:
+        self.removed.append(disc)
+        del self.sessions[disc]
+
+
+class Node:
+    """The agent side: reports and flips are recorded; the peers' colours are ours to set."""
+
+    def __init__(self) -> None:
+        self.reports: list[BfdReport] = []
+        self.flips: list[tuple[str, str, str]] = []
+        self.colours: dict[str, ColourName] = {"host2": "red", "host3": "red"}
+
+    def sessions(self, manager: FakeManager, mode: Any = "all") -> BfdSessions:
+        return BfdSessions(
+            "host1", "ns-host1", manager, Discriminators(), mode=mode, interval_ms=10,  # type: ignore[arg-type]
+            multiplier=3, report=self.reports.append, colour_of=self.colours.get,
+            flip=lambda p, c, why: self.flips.append((p, c, why)),
+        )  # fmt: skip
+
+
+def event(disc: int, old: State, new: State, diag: Diag = Diag.NONE,
+          remote: State = State.UP) -> BfdEvent:  # fmt: skip
+    return BfdEvent(disc, "x", None, None, None, True, old, new, diag, 1.0,
+                    datetime(2026, 11, 30, tzinfo=UTC), remote_state=remote)  # fmt: skip
+
+
+def disc_of(s: BfdSessions, host: str, colour: str) -> int:
+    return next(d for k, d in s.sessions.items() if k.peer_host == host and k.colour == colour)
+
+
+async def test_sessions_follow_each_applied_intent_with_the_configured_timers() -> None:
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    assert len(manager.sessions) == 4
+    config = manager.sessions[disc_of(s, "host2", "red")]
+    assert (config.desired_min_tx_us, config.required_min_rx_us, config.detect_mult) == (
+        10_000, 10_000, 3)  # fmt: skip
+    assert config.multihop and config.local_address == "10.224.0.1"
+    await s.update(host_intent(peer("host3", 3)))  # host2 left the VNI
+    assert {k.peer_host for k in s.sessions if k.multihop} == {"host3"}
+    assert len(manager.removed) == 2
+    await s.close()
+    assert manager.sessions == {}
+
+
+async def test_a_session_that_cannot_start_is_tried_again_with_the_next_intent() -> None:
+    manager, node = FakeManager(refuse={"eth0"}), Node()
+    s = node.sessions(manager, "links")
+    await s.update(host_intent())
+    assert [k.ifname for k in s.sessions] == ["eth1"]
+    manager.refuse.clear()
+    await s.update(host_intent())
+    assert {k.ifname for k in s.sessions} == {"eth0", "eth1"}
+
+
+async def test_every_change_is_reported_with_its_detection_time() -> None:
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    red = disc_of(s, "host2", "red")
+    s.event(event(red, State.DOWN, State.UP))
+    report = node.reports[-1]
+    assert (report.state, report.peer, report.multihop) == ("up", "10.224.0.2", True)
+    assert report.local == "10.224.0.1" and report.detected_at.year == 2026
+    link = next(d for k, d in s.sessions.items() if k.ifname == "eth0")
+    s.event(event(link, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
+    assert (node.reports[-1].state, node.reports[-1].port, node.reports[-1].diag) == (
+        "down", "eth0", 1)  # fmt: skip
+
+
+async def test_the_active_colour_going_down_flips_the_peer_when_the_other_is_up() -> None:
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    red, blue = disc_of(s, "host2", "red"), disc_of(s, "host2", "blue")
+    s.event(event(red, State.DOWN, State.UP))
+    s.event(event(blue, State.DOWN, State.UP))
+    s.event(event(red, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
+    assert node.flips == [
+        ("host2", "blue", "bfd red to host2 down (control_detection_time_expired)")
+    ]
+
+
+@pytest.mark.parametrize(
+    ("why", "colour_now", "blue_state", "remote"),
+    [
+        ("the peer already uses blue", "blue", State.UP, State.UP),
+        ("blue is down too: flipping would not help", "red", State.DOWN, State.UP),
+        ("the peer said AdminDown: a stop, not a failure", "red", State.UP, State.ADMIN_DOWN),
+    ],
+)
+async def test_no_flip_when(why: str, colour_now: ColourName, blue_state: State,
+                            remote: State) -> None:  # fmt: skip
+    manager, node = FakeManager(), Node()
+    node.colours["host2"] = colour_now
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    red, blue = disc_of(s, "host2", "red"), disc_of(s, "host2", "blue")
+    s.event(event(red, State.DOWN, State.UP))
+    if blue_state is State.UP:
+        s.event(event(blue, State.DOWN, State.UP))
+    s.event(event(red, State.UP, State.DOWN, Diag.NEIGHBOR_SIGNALED_SESSION_DOWN, remote))
+    assert node.flips == [], why
+
+
+async def test_a_withdrawn_session_is_reported_as_admin_down_not_as_a_failure() -> None:
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent())
+    link = next(iter(s.sessions.values()))
+    s.event(event(link, State.UP, State.DOWN, Diag.NEIGHBOR_SIGNALED_SESSION_DOWN,
+                  State.ADMIN_DOWN))  # fmt: skip
+    s.event(event(link, State.UP, State.ADMIN_DOWN, Diag.ADMINISTRATIVELY_DOWN))
+    assert [r.state for r in node.reports] == ["admin_down", "admin_down"]
+
+
+async def test_events_of_other_nodes_sessions_are_not_ours() -> None:
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent())
+    assert not s.owns(999)
+    s.event(event(999, State.UP, State.DOWN))
+    assert node.reports == []
+
+
+async def test_a_link_session_outlives_the_routes_that_started_it() -> None:
+    """Pathcomp moves traffic off a failed (or drained) link: its session must stay to see
+    the link recover, or health would hold the link down for ever."""
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager, "links")
+    await s.update(host_intent())
+    eth0 = next(d for k, d in s.sessions.items() if k.ifname == "eth0")
+    only_eth1 = HostIntent("host1", 2, TEPS, (UnderlayRoute("10.0.0.0/8", "eth1", "10.0.1.0"),),
+                           (), ())  # fmt: skip
+    await s.update(only_eth1)
+    assert eth0 in manager.sessions and manager.removed == []
+    renumbered = HostIntent("host1", 3, TEPS, (UnderlayRoute("10.0.0.0/8", "eth0", "10.0.9.0"),),
+                            (), ())  # fmt: skip
+    await s.update(renumbered)  # eth0 now faces another neighbour: the old session goes
+    assert manager.removed == [eth0]
+    assert {(k.ifname, k.peer) for k in s.sessions} == {("eth0", "10.0.9.0"), ("eth1", "10.0.1.0")}
