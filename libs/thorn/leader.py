@@ -482,8 +482,10 @@ class LeaderElection:
             term = self.term
             job = asyncio.create_task(work(), name=f"leader-work-{self.name}")
             lost = asyncio.create_task(self.wait_follower())
+            returned = False
             try:
                 await asyncio.wait({job, lost}, return_when=asyncio.FIRST_COMPLETED)
+                returned = job.done() and not lost.done()
             finally:
                 lost.cancel()
                 if not job.done():
@@ -491,7 +493,10 @@ class LeaderElection:
                     log.info("leader_work_cancelled", election=self.name, term=term)
                 with contextlib.suppress(asyncio.CancelledError):
                     await job  # a failure of work() propagates
-            await self.wait_follower()
+            if returned:
+                await self.wait_follower()  # done for this term: not again before the next
+            # Otherwise the term ended; if this candidate already leads again (the lease was
+            # reclaimed while the work was winding down), the next term's work starts at once.
 
     async def __aenter__(self) -> Self:
         return await self.start()

@@ -159,7 +159,7 @@ async def system(
         nats_url=nats, lab=lab.prefix, datapath="emulation", data_dir=tmp_path,
         bfd_sessions=getattr(request, "param", "all"), bfd_interval_ms=BFD_MS,
         bfd_multiplier=BFD_MULT,
-        report_seconds=1.0, lease_seconds=1.0, stage_ack_seconds=2.0,
+        report_seconds=1.0, lease_seconds=3.0, stage_ack_seconds=2.0,
     )  # fmt: skip
     async with AsyncExitStack() as stack:
         store = await Store.open(sqlite_url(tmp_path))

@@ -404,3 +404,32 @@ async def test_an_election_name_must_be_a_valid_key(nats_server: EmbeddedNats) -
     async with await connect(nats_server.url, "bucket") as bus:
         with pytest.raises(ValueError, match="valid KV key"):
             LeaderElection(bus, "path.comp")
+
+
+async def test_work_starts_again_when_a_lost_lease_is_reclaimed(
+    nats_server: EmbeddedNats,
+) -> None:
+    """A leader whose process stalls past its lease loses it (its work is cancelled) and, if
+    nobody took over, reclaims it: the new term's work must run, not wait for yet another
+    term (found when health stayed passive after a stall under load)."""
+    async with candidates(nats_server.url, 1) as (_, elections):
+        [election] = elections
+        starts: list[int | None] = []
+
+        async def work() -> None:
+            starts.append(election.term)
+            try:
+                await asyncio.Event().wait()
+            finally:  # winding down takes a while (health flushes its writes): meanwhile
+                await asyncio.sleep(TTL)  # the candidate reclaims the lease
+
+        await election.start()
+        runner = asyncio.create_task(election.run_as_leader(work))
+        try:
+            await until(lambda: len(starts) == 1, "the first term's work started")
+            time.sleep(TTL * 1.2)  # noqa: ASYNC251  (on purpose: the process stalls past its lease)
+            await until(lambda: len(starts) == 2, "the reclaimed term's work started", TTL * 5)
+            assert election.is_leader and starts[1] != starts[0]
+        finally:
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)

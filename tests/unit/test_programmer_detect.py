@@ -217,3 +217,24 @@ async def test_a_link_session_outlives_the_routes_that_started_it() -> None:
     await s.update(renumbered)  # eth0 now faces another neighbour: the old session goes
     assert manager.removed == [eth0]
     assert {(k.ifname, k.peer) for k in s.sessions} == {("eth0", "10.0.9.0"), ("eth1", "10.0.1.0")}
+
+
+async def test_a_session_that_comes_up_while_it_is_being_added_stays_up() -> None:
+    """The manager may report Up before `add` returns (the event is handled meanwhile on
+    the loop); that state must not be overwritten with Down, or the other colour looks
+    down and no flip is made (found in the end-to-end lab test)."""
+    node = Node()
+
+    class Eager(FakeManager):
+        def add(self, config: SessionConfig, *, ifname: str | None = None,
+                netns: str | None = None) -> None:  # fmt: skip
+            super().add(config, ifname=ifname, netns=netns)
+            s.event(event(config.local_discriminator, State.DOWN, State.UP))
+
+    manager = Eager()
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    red, blue = disc_of(s, "host2", "red"), disc_of(s, "host2", "blue")
+    assert s.states[red] is State.UP and s.states[blue] is State.UP
+    s.event(event(red, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
+    assert [f[:2] for f in node.flips] == [("host2", "blue")]

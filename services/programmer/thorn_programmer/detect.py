@@ -163,19 +163,19 @@ class BfdSessions:
                     detect_mult=self.multiplier, multihop=key.multihop,
                     min_ttl=PEER_MIN_TTL if key.multihop else None,
                 )  # fmt: skip
-                self._by_disc[disc] = key
+                # Known before it starts: its first events may arrive before `add` returns.
+                self._by_disc[disc], self.states[disc] = key, State.DOWN
                 try:
                     await asyncio.to_thread(
                         self.manager.add, config, ifname=key.ifname, netns=self.netns
                     )
                 except (OSError, ValueError) as exc:
                     # e.g. the port is gone already: the next intent tries again
-                    del self._by_disc[disc]
+                    del self._by_disc[disc], self.states[disc]
                     log.warning("bfd_session_not_started", node=self.node, peer=key.peer,
                                 port=key.ifname, error=str(exc))  # fmt: skip
                     continue
                 self.sessions[key] = disc
-                self.states[disc] = State.DOWN
 
     def _kept_links(self, wanted: frozenset[WantedSession]) -> frozenset[WantedSession]:
         """Single-hop sessions outlive the routes that started them: a link watched only
