@@ -35,8 +35,7 @@ import httpx
 import nats.errors
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
-from sections import write_section
+from sections import print_results, write_section
 
 from thorn.bus import Bus
 from thorn.events import (
@@ -333,22 +332,7 @@ def main() -> None:
     result.in_health = {k: v - before.get(k, 0.0) for k, v in after.items()}
     result.in_health_sum_s = sum_after - sum_before
     result.in_health_count = count_after - count_before
-    if not console.is_terminal:
-        console.width = max(console.width, 160)
-    for title, columns, rows in tables(result):
-        table = Table(title=title)
-        for column in columns:
-            table.add_column(column)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-    verdicts = Table(title="Targets")
-    for column in ("target", "measured", "verdict"):
-        verdicts.add_column(column)
-    for target, measured, verdict in targets(result):
-        style = "green" if verdict == "met" else "red"
-        verdicts.add_row(target, measured, f"[{style}]{verdict}[/]")
-    console.print(verdicts)
+    print_results(console, tables(result), targets(result), width=160)
     if args.write:
         command = "python tests/bench/bench_health.py" + (
             f" --reports {args.reports}" if args.reports != REPORTS else ""

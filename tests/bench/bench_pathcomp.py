@@ -40,8 +40,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress, TaskID
-from rich.table import Table
-from sections import write_section
+from sections import print_results, write_section
 
 console = Console(stderr=True)
 
@@ -687,22 +686,7 @@ def main() -> None:
             results.append(run_fabric(key, args, progress))
             progress.advance(overall)
     elapsed = time.monotonic() - start
-    if not console.is_terminal:
-        console.width = max(console.width, 200)  # a file or a pipe: do not wrap the tables
-    for title, columns, rows in tables(results):
-        table = Table(title=title)
-        for column in columns:
-            table.add_column(column)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-    verdicts = Table(title="Targets")
-    for column in ("target", "measured", "verdict"):
-        verdicts.add_column(column)
-    for target, measured, verdict in targets(results):
-        style = "green" if verdict == "met" else "red" if verdict == "MISSED" else ""
-        verdicts.add_row(target, measured, f"[{style}]{verdict}[/]" if style else verdict)
-    console.print(verdicts)
+    print_results(console, tables(results), targets(results), width=200)
     console.print(f"took {elapsed / 60:.1f} min")
     if args.write:
         section = markdown(results, "make bench", elapsed, args.failures, args.pairs)

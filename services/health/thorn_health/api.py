@@ -8,14 +8,13 @@ from enum import StrEnum
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from thorn.auth import Viewer
 from thorn.fabric import NotFound
 from thorn.model import PortRef
 from thorn.store.health import Failure, FailureQuery
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
-from thorn_health.core import Session
 from thorn_health.service import HealthService
 
 
@@ -85,6 +84,8 @@ class FailureOut(BaseModel):
 
 
 class SessionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # built from the core's `Session`
+
     node: str
     local: str
     peer: str
@@ -190,13 +191,6 @@ async def list_events(
     )  # fmt: skip
 
 
-def _session_out(s: Session) -> SessionOut:
-    return SessionOut(
-        node=s.node, local=s.local, peer=s.peer, port=s.port, multihop=s.multihop,
-        state=s.state, diag=s.diag, detected_at=s.detected_at, link_id=s.link_id,
-    )  # fmt: skip
-
-
 @router.get("/sessions", response_model=Page[SessionOut], summary="BFD sessions agents report")
 async def list_sessions(
     _: Viewer,
@@ -218,6 +212,6 @@ async def list_sessions(
     )
     chosen = paginate(sessions, page)
     return Page(
-        items=[_session_out(s) for s in chosen.items], total=chosen.total,
+        items=[SessionOut.model_validate(s) for s in chosen.items], total=chosen.total,
         limit=chosen.limit, offset=chosen.offset,
     )  # fmt: skip

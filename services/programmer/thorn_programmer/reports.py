@@ -18,7 +18,6 @@ the link monitor and talks to NATS.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
@@ -180,9 +179,7 @@ class Reporter:
         self.timeout = timeout
         self.queue = ReportQueue(node)
         self.on_link = on_link
-        self.applied = 0  # items health applied (status, tests)
         self._wake = asyncio.Event()
-        self._monitor: LinkMonitor | None = None
 
     def bfd(self, item: BfdReport) -> None:
         """Report a BFD session's change (called on the event loop)."""
@@ -192,7 +189,6 @@ class Reporter:
     async def run(self) -> None:
         monitor = LinkMonitor(self.netns)
         monitor.start()
-        self._monitor = monitor
         tasks = [
             asyncio.create_task(self._follow(monitor), name=f"report-links-{self.node}"),
             asyncio.create_task(self._snapshots(monitor), name=f"report-snap-{self.node}"),
@@ -204,7 +200,6 @@ class Reporter:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             monitor.close()
-            self._monitor = None
 
     async def _follow(self, monitor: LinkMonitor) -> None:
         async for item in monitor:
@@ -217,7 +212,7 @@ class Reporter:
 
     async def _snapshots(self, monitor: LinkMonitor) -> None:
         while True:
-            links, counters = await asyncio.to_thread(_sample, monitor)
+            links, counters = await asyncio.to_thread(monitor.sample)
             self.queue.snapshot(links, counters, utcnow())
             self._wake.set()
             await asyncio.sleep(self.period)
@@ -257,18 +252,5 @@ class Reporter:
             log.error("report_refused", node=self.node, seq=report.seq, error=reply.error)
         else:
             REPORTS.labels(self.node, "applied").inc()
-            self.applied += reply.applied
         self.queue.sent(report)
         return True
-
-    def links(self) -> list[LinkEvent]:
-        """The namespace's links now (status); empty before the monitor started."""
-        if self._monitor is None:
-            return []
-        with contextlib.suppress(OSError):
-            return self._monitor.snapshot()
-        return []
-
-
-def _sample(monitor: LinkMonitor) -> tuple[list[LinkEvent], dict[str, LinkCounters]]:
-    return monitor.snapshot(), monitor.counters()

@@ -89,17 +89,21 @@ class _Dumper:
         self._lock = threading.Lock()
         self._seq = itertools.count(1, _DUMP_RETRIES)
 
-    def links(self) -> list[LinkEvent]:
+    def sample(self) -> tuple[list[LinkEvent], dict[str, LinkCounters]]:
+        """Every link's state and counters, from one dump (each RTM_NEWLINK has both)."""
         # Stamped before asking: an event read after this instant may be newer than the dump.
         at = time.time_ns()
         with self._lock:
             parts = _dump(self.sock, next(self._seq))
-        return [e for t, p in parts if (e := parse_link(t, p, at)) is not None]
+        links = [e for t, p in parts if (e := parse_link(t, p, at)) is not None]
+        counters = dict(c for t, p in parts if (c := parse_counters(t, p)) is not None)
+        return links, counters
+
+    def links(self) -> list[LinkEvent]:
+        return self.sample()[0]
 
     def counters(self) -> dict[str, LinkCounters]:
-        with self._lock:
-            parts = _dump(self.sock, next(self._seq))
-        return dict(c for t, p in parts if (c := parse_counters(t, p)) is not None)
+        return self.sample()[1]
 
     def close(self) -> None:
         self.sock.close()
@@ -169,9 +173,13 @@ class LinkMonitor:
 
     def counters(self) -> dict[str, LinkCounters]:
         """`sample_counters` over this monitor's dump socket."""
+        return self.sample()[1]
+
+    def sample(self) -> tuple[list[LinkEvent], dict[str, LinkCounters]]:
+        """`snapshot` and `counters` from one dump; blocking, any thread."""
         if self._dumper is None:
             raise RuntimeError("LinkMonitor not started")
-        return self._dumper.counters()
+        return self._dumper.sample()
 
     def close(self) -> None:
         if self._thread is None or self._closed:
