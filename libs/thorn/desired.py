@@ -2,7 +2,8 @@
 what each node's programmer agent reconciles its kernel to.
 
 A switch gets one route per (destination attachment group, colour), aggregated to the TEP
-prefixes of that group's hosts, or a /32 where a host hangs off the switch itself. A host gets
+prefixes of that group's hosts, or a /32 where a host hangs off the switch itself, and with
+it, where one exists, a loop-free backup next hop (`Backup`) the kernel falls back to. A host gets
 its TEPs, its egress per destination and colour, its local workloads (decap) and its peers
 (encap): the peer host's red and blue TEPs and which colour is active.
 
@@ -25,6 +26,18 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Backup(_Doc):
+    """A switch route's loop-free alternate next hop (RFC 5286 "downstream path": the
+    neighbour is strictly closer to the destination along the same colour's tree, so
+    forwarding from it can never come back, whatever else has failed). The switch installs it
+    as a second route of a higher metric: the kernel uses it the moment the primary port
+    loses carrier (`ignore_routes_with_linkdown`) or goes admin down, with no agent involved."""
+
+    port: str = Field(description="this node's egress port for the backup")
+    neighbour: str = Field(description="the backup's next switch")
+    via: str | None = Field(None, description="the neighbour's address on that link")
+
+
 class Route(_Doc):
     prefix: str = Field(description="destination TEP prefix, e.g. 10.224.0.16/28")
     colour: ColourName | None = Field(description="the colour it carries; null: both")
@@ -32,6 +45,9 @@ class Route(_Doc):
     neighbour: str = Field(description="the next node (a switch, or the destination host)")
     via: str | None = Field(None, description="the neighbour's address on that link")
     stage: int = Field(ge=0, description="apply after all lower stages (destination outward)")
+    backup: Backup | None = Field(
+        None, description="switches: the loop-free alternate; null: none exists (a local risk)"
+    )
 
 
 class LocalWorkload(_Doc):

@@ -112,4 +112,5 @@ def test_a_first_programming_writes_whole_documents_at_stage_zero() -> None:
         assert change.stages == [0]
         assert states.document_at(change.node, 0) == states.document(change.node)
     spine = orjson.loads(states.document_at("spine2", 0))
-    assert {r["stage"] for r in spine["routes"]} == {1, 3}
+    # Every spine route belongs to a later stage, yet the first write carries them all.
+    assert len(spine["routes"]) == 4 and min(r["stage"] for r in spine["routes"]) > 0

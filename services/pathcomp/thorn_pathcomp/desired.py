@@ -16,9 +16,10 @@ import orjson
 
 from thorn.desired import VNI_CHUNK, vni_key
 from thorn.fabric import Fabric
-from thorn_pathcomp.graph import Attachment, Group
+from thorn_pathcomp.backups import routing
+from thorn_pathcomp.graph import Attachment, FabricGraph, Group
 from thorn_pathcomp.plan import Plan
-from thorn_pathcomp.trees import HOST, Colour
+from thorn_pathcomp.trees import HOST, Colour, GroupTrees, NextHop
 
 HOST_STAGE = 1_000  # hosts change their egress last, once every switch has its new routes
 COLOURS = (Colour.red, Colour.blue)
@@ -96,6 +97,7 @@ class DesiredStates:
     previous: dict[str, dict[RouteKey, Route | None]] = field(default_factory=dict)
     _gaps: dict[Group, set[Group]] = field(default_factory=dict)
     _written: set[tuple[str, RouteKey]] = field(default_factory=set)
+    _backup_docs: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, fabric: Fabric, plan: Plan, revision: int) -> DesiredStates:
@@ -135,16 +137,18 @@ class DesiredStates:
         """Switches' routes toward `group`'s TEP prefixes, per colour (all, or `only` these)."""
         graph, trees, topo = self.plan.graph, self.plan.trees[group], self.topology
         hosts = graph.groups.get(group, [])
+        switches = range(len(graph.switches)) if only is None else sorted(only)
         for colour in COLOURS:
             name = NAMES[colour]
             prefixes = self.prefixes.get((group, colour), [])
-            for v in range(len(graph.switches)) if only is None else sorted(only):
-                hop = trees.next[colour][v]
+            routes = routing(graph, trees, colour)
+            for v in switches:
+                hop = routes.next[v]
                 if hop is None:
                     continue
                 switch = graph.switches[v]
                 table = self.switch_routes[switch]
-                stage = trees.dist[colour][v]
+                stage = routes.dist[v]
                 if hop.switch == HOST:  # the destination hangs off this switch: a /32 each
                     for host in hosts:
                         address = topo.tep.get((host, name))
@@ -160,15 +164,29 @@ class DesiredStates:
                     continue
                 edge = graph.edges[hop.edge]
                 neighbour = graph.switches[hop.switch]
-                base = {
+                base: dict[str, Any] = {
                     "colour": name,
                     "port": edge.port_at(v),
                     "neighbour": neighbour,
                     "via": topo.address.get((neighbour, edge.port_at(hop.switch))),
                     "stage": stage,
                 }
+                if (alternate := routes.backup.get(v)) is not None:
+                    base["backup"] = self._backup(v, alternate)
                 for prefix in prefixes:
                     self._put(switch, table, (prefix, name), {"prefix": prefix, **base})
+
+    def _backup(self, v: int, hop: NextHop) -> dict[str, Any]:
+        """The document form of switch `v`'s backup next hop (shared by its routes)."""
+        key = (v, hop.edge)
+        found = self._backup_docs.get(key)
+        if found is None:
+            graph = self.plan.graph
+            edge, neighbour = graph.edges[hop.edge], graph.switches[hop.switch]
+            via = self.topology.address.get((neighbour, edge.port_at(hop.switch)))
+            found = {"port": edge.port_at(v), "neighbour": neighbour, "via": via}
+            self._backup_docs[key] = found
+        return found
 
     def _put(self, switch: str, table: dict[RouteKey, Route], key: RouteKey, route: Route) -> None:
         self._written.add((switch, key))
@@ -352,6 +370,8 @@ class DesiredStates:
         else:
             new.prefixes = self.prefixes
         new.switch_routes, self.switch_routes = self.switch_routes, {}
+        new._backup_docs = self._backup_docs
+        relinked = plan.graph.alive != self.plan.graph.alive
         # Write the changed groups' new routes, then drop the old keys nobody wrote again:
         # a route that comes out the same (a host moved between groups) is no change.
         new._written = set()
@@ -365,16 +385,21 @@ class DesiredStates:
             if old is None:
                 new._add_group(group)
                 continue
-            # Only switches whose next hop or distance moved get new routes.
-            trees = plan.trees[group]
-            moved = {
-                v
-                for c in COLOURS
-                for v, (a, b) in enumerate(zip(old.next[c], trees.next[c], strict=True))
-                if (a is not b and a != b) or old.dist[c][v] != trees.dist[c][v]
-            }
+            # Only switches whose route (next hop, distance) or backup moved get new routes.
+            moved = _moved(self.plan.graph, old, plan.graph, plan.trees[group])
             if moved:
                 new._redo_at(group, self.plan, moved)
+        if relinked:
+            # Groups the update kept have the same trees; only a backup or an idle
+            # switch's descent at the ends of a changed link can move.
+            changed = [i for i, (a, b) in enumerate(zip(plan.graph.alive, self.plan.graph.alive,
+                                                        strict=True)) if a != b]  # fmt: skip
+            for group in set(plan.trees) - recomputed - regrouped:
+                trees = plan.trees[group]
+                if _may_move(self.plan.graph, trees, plan.graph, changed) and (
+                    moved := _moved(self.plan.graph, trees, plan.graph, trees)
+                ):
+                    new._redo_at(group, self.plan, moved)
         new.hosts = {h: d for h, d in self.hosts.items() if h in plan.graph.attachments}
         redo = self._touched(plan, recomputed, regrouped)
         redo |= {h for g in regrouped for h in new_groups.get(g, [])}
@@ -417,6 +442,40 @@ class DesiredStates:
                 if before != after or (destination in regrouped and after):
                     hosts.update(members)
         return hosts
+
+
+def _moved(
+    old_graph: FabricGraph, old: GroupTrees, graph: FabricGraph, new: GroupTrees
+) -> set[int]:
+    """Switches whose route or backup toward one group differs between two plans."""
+    moved: set[int] = set()
+    for c in COLOURS:
+        a, b = routing(old_graph, old, c), routing(graph, new, c)
+        moved.update(
+            v for v, (x, y) in enumerate(zip(a.next, b.next, strict=True))
+            if x != y or a.dist[v] != b.dist[v] or a.backup.get(v) != b.backup.get(v)
+        )  # fmt: skip
+    return moved
+
+
+def _may_move(
+    old_graph: FabricGraph, trees: GroupTrees, graph: FabricGraph, edges: list[int]
+) -> bool:
+    """Whether changed `edges` can move a route or backup of a group whose trees stayed:
+    a lost edge only if a route (an idle descent) or a backup took it; a gained one only if
+    it joins switches at different distances (it may become a backup or a descent)."""
+    for c in COLOURS:
+        r = routing(old_graph, trees, c)
+        for i in edges:
+            e = graph.edges[i]
+            if not graph.alive[i]:
+                for end in (e.u, e.v):
+                    hop, alternate = r.next[end], r.backup.get(end)
+                    if (hop is not None and hop.edge == i) or (alternate and alternate.edge == i):
+                        return True
+            elif r.dist[e.u] != r.dist[e.v]:
+                return True
+    return False
 
 
 def _attachment_at(attachments: list[Attachment], switch: int) -> Attachment | None:

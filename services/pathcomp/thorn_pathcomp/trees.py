@@ -26,7 +26,7 @@ SRLG with the first colour's path. Ties always break by switch number, then link
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -68,6 +68,10 @@ class GroupTrees:
     method: str = "partition"  # or "st": the general method of stnumber.py
     # Per colour, the switches that had no neighbour of that colour (decides `fallback`).
     missing: tuple[frozenset[SwitchId], frozenset[SwitchId]] = (frozenset(), frozenset())
+    # backups.routing's results per (graph state, colour): derived, not part of the trees.
+    derived: dict[tuple[int, int], tuple[object, object]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     @classmethod
     def from_next_hops(

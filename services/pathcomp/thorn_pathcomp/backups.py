@@ -1,0 +1,185 @@
+"""How switches route one colour toward one group, and their loop-free backup next hops:
+the switch-local tier of failover.
+
+Routes: a switch on some source's path of the colour follows the colour's tree. A switch
+that no path of the colour crosses (no tree child, no hosts of its own: in a two-tier Clos,
+the spines of the other colour) carries that colour only when a neighbour's backup sends
+it there, so its route simply descends toward the destination (a neighbour of a lower BFS
+level, the nearest along the routes). No tree path passes through such a switch, and each
+descent lowers the level, so these routes cannot loop either; they are what makes a
+leaf's backup through the other colour's spine possible at all.
+
+For a switch `v` and one colour's tree toward a destination group, the backup is a
+neighbour `u`, over another alive link, that is strictly closer to the destination along
+that same tree (`dist[u] < dist[v]`): RFC 5286's "downstream path" condition. Forwarding
+from `u` only ever moves to switches closer still, so it can never come back to `v`; and
+when several backups are active at once (a whole switch failed), every step still lowers
+the distance, so no combination of activated backups can loop. The price is coverage: a
+switch that has no closer neighbour but its primary (a spine's last hop down to a leaf in
+a two-tier Clos) gets no backup, and that is reported as a local risk, never patched with
+an alternate that might loop. Those failures are repaired by the source flip instead.
+
+Among the candidates, a neighbour other than the primary's is preferred: it protects
+against the primary switch failing too (node protection). Such a `u` has `dist[u] <=
+dist[w]` for the primary next hop `w`, so its own walk cannot pass through `w` either.
+A parallel link to `w` protects the link only. Among equally near candidates, a weight
+per (destination, link) decides, as the trees' own choices do (`fast._weights`): the
+backups toward different destinations spread over the uplinks instead of all piling onto
+the lowest-numbered one, and every replica picks the same.
+
+Computed with arrays over the graph's CSR (`fast.csr`) for every switch of a group at
+once, and kept with the group's trees per graph state (`GroupTrees.derived`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from thorn_pathcomp.fast import Csr, Ints, _ranges, _weights, csr
+from thorn_pathcomp.graph import FabricGraph
+from thorn_pathcomp.trees import HOST, INF, Colour, GroupTrees, NextHop, group_seed
+
+__all__ = ["ColourRouting", "backup_hops", "local_repair", "routing"]
+
+
+@dataclass(frozen=True)
+class ColourRouting:
+    """Every switch's route of one colour toward one group, and its backup."""
+
+    next: list[NextHop | None]  # None: no route of this colour
+    dist: list[int]  # hops to an attachment switch along `next`
+    backup: dict[int, NextHop]  # switch -> loop-free alternate (absent: none)
+
+
+def routing(graph: FabricGraph, trees: GroupTrees, colour: Colour) -> ColourRouting:
+    """The switches' routes of `colour` toward `trees.group` in `graph` (kept with the
+    trees, per graph state)."""
+    key = (id(graph.adjacency), int(colour))
+    hit = trees.derived.get(key)
+    if hit is not None and hit[0] is graph.adjacency:
+        assert isinstance(hit[1], ColourRouting)
+        return hit[1]
+    nexts, dist = _descend_idle(graph, trees, colour)
+    found = ColourRouting(nexts, dist, backup_hops(graph, nexts, dist, group_seed(trees.group)))
+    if len(trees.derived) > 4:
+        trees.derived.clear()
+    trees.derived[key] = (graph.adjacency, found)
+    return found
+
+
+def _descend_idle(
+    graph: FabricGraph, trees: GroupTrees, colour: Colour
+) -> tuple[list[NextHop | None], list[int]]:
+    """The tree's next hops, with idle switches (no tree child, no hosts) descending:
+    level by level from the destination, each takes the neighbour of a lower level that is
+    nearest along the routes (arrays: this runs for every group and colour)."""
+    c = csr(graph)
+    hops = list(trees.next[colour])
+    dist = np.array(trees.dist[colour], dtype=np.int64)
+    level = np.array(trees.level, dtype=np.int64)
+    nxt = np.array([h.switch if h is not None else -1 for h in hops], dtype=np.int64)
+    routed = nxt >= 0  # a route to another switch (HOST and None are negative)
+    children = np.bincount(nxt[routed], minlength=len(hops))
+    idle = routed & (children == 0)
+    if graph.groups:
+        idle[list(graph.sources)] = False
+    candidates = np.flatnonzero(idle)
+    for depth in np.unique(level[candidates]).tolist():
+        at = candidates[level[candidates] == depth]
+        entries = _ranges(c.indptr[at], c.indptr[at + 1])
+        nbr = c.nbr[entries]
+        ok = (level[nbr] < depth) & (dist[nbr] < INF)
+        entries, nbr = entries[ok], nbr[ok]
+        if not entries.size:
+            continue
+        src = c.src[entries]
+        # The nearest neighbour, then the lowest edge index (a neighbour's edges are unique).
+        best = _segment_best(
+            src, (MAX_DIST - np.minimum(dist[nbr], MAX_DIST)) * EDGES - c.eid[entries]
+        )
+        v, k = src[best], entries[best]
+        shorter = dist[c.nbr[k]] + 1 < dist[v]
+        v, k = v[shorter], k[shorter]
+        dist[v] = dist[c.nbr[k]] + 1
+        hop = c.hop
+        for switch, entry in zip(v.tolist(), k.tolist(), strict=True):
+            hops[switch] = hop[entry]
+    return hops, dist.tolist()
+
+
+def backup_hops(
+    graph: FabricGraph,
+    hops: list[NextHop | None],
+    dist_of: list[int],
+    seed: int,
+) -> dict[int, NextHop]:
+    """Switch -> its backup next hop, given every switch's route (`hops`) and distance
+    along the routes (`dist_of`); switches with none, or with no route, are absent."""
+    c = csr(graph)
+    n = len(graph.switches)
+    dist = np.asarray(dist_of, dtype=np.int64)
+    primary_switch = np.full(n, -1, dtype=np.int64)
+    primary_edge = np.full(n, -1, dtype=np.int64)
+    rows_of: list[int] = []
+    for v, hop in enumerate(hops):
+        if hop is None or hop.switch == HOST:  # no route, or the last hop to the host
+            continue
+        primary_switch[v], primary_edge[v] = hop.switch, hop.edge
+        rows_of.append(v)
+    if not rows_of:
+        return {}
+    sources: Ints = np.array(rows_of, dtype=np.int64)
+    return _choose(c, dist, primary_switch, primary_edge, sources, seed)
+
+
+def _choose(
+    c: Csr, dist: Ints, primary_switch: Ints, primary_edge: Ints, sources: Ints, seed: int
+) -> dict[int, NextHop]:
+    entries = _ranges(c.indptr[sources], c.indptr[sources + 1])
+    if not entries.size:
+        return {}
+    src, nbr, eid = c.src[entries], c.nbr[entries], c.eid[entries]
+    ok = (dist[nbr] < dist[src]) & (eid != primary_edge[src]) & (dist[src] < INF)
+    entries, src, nbr, eid = entries[ok], src[ok], nbr[ok], eid[ok]
+    if not entries.size:
+        return {}
+    # Prefer node protection, then the nearest neighbour, then the highest weight: one
+    # int64 key (1 bit, 10 bits of distance, the weight's top 52 bits).
+    key = (nbr != primary_switch[src]).astype(np.int64) << 62
+    key |= (MAX_DIST - np.minimum(dist[nbr], MAX_DIST)) << 52
+    key |= (_weights(seed, eid) >> np.uint64(12)).astype(np.int64)
+    best = _segment_best(src, key)
+    hop = c.hop  # one NextHop per CSR entry, shared by every group of this graph
+    return {v: hop[k] for v, k in zip(src[best].tolist(), entries[best].tolist(), strict=True)}
+
+
+MAX_DIST = 1023  # distances beyond count as equal in the keys (no fabric is that deep)
+EDGES = 1 << 40  # room for any edge index in a key
+
+
+def _segment_best(rows: Ints, key: Ints) -> Ints:
+    """For each run of equal `rows` (ascending, as CSR entries come), the position of its
+    largest `key` (the first one on a tie). No sort: a reduction per run."""
+    starts: Ints = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+    lengths = np.diff(np.append(starts, rows.size))
+    top = np.repeat(np.maximum.reduceat(key, starts), lengths)
+    hits: Ints = np.flatnonzero(key == top)
+    first = np.concatenate(([True], rows[hits][1:] != rows[hits][:-1]))
+    found: Ints = hits[first]
+    return found
+
+
+def local_repair(graph: FabricGraph, trees: GroupTrees) -> tuple[int, list[tuple[int, Colour]]]:
+    """(routes with a backup, [(switch, colour) of switch-to-switch routes without one])
+    toward one group: what the plan reports as switch-local coverage and risks."""
+    covered = 0
+    missing: list[tuple[int, Colour]] = []
+    for colour in (Colour.red, Colour.blue):
+        r = routing(graph, trees, colour)
+        covered += len(r.backup)
+        for v, hop in enumerate(r.next):
+            if hop is not None and hop.switch != HOST and v not in r.backup:
+                missing.append((v, colour))
+    return covered, missing
