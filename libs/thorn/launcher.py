@@ -5,8 +5,12 @@ process (console scripts, so no service imports another), with the SQLite store 
 directory. On first start it loads a generated leaf-spine fabric. As root, it then builds
 that fabric as an emulated lab of network namespaces (`thornctl lab`, prefix `THORN_LAB` or
 `thorn`) and runs a programmer agent for every node of it, so the controller programs a real
-(emulated) datapath; `THORN_EMULATED_FABRIC=0` leaves the lab out. Ctrl-C stops everything
-and takes the lab down.
+(emulated) datapath; `THORN_EMULATED_FABRIC=0` leaves the lab out.
+
+Then it supervises: a child that exits (a service, the programmer or nats-server) is started
+again with back-off (`thorn.supervisor` decides when; this module only polls and spawns),
+and nothing else is touched. A controller failure must never touch the data plane, so the
+lab stays up. Only Ctrl-C, SIGTERM or SIGHUP stop everything and take the lab down.
 """
 
 from __future__ import annotations
@@ -17,18 +21,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Protocol
 
 import httpx
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from thorn.auth import new_token
 from thorn.config import Settings
-from thorn.natsd import EmbeddedNats, free_port
+from thorn.natsd import EmbeddedNats, NatsServerError, free_port
 from thorn.proc import die_with_parent
+from thorn.supervisor import Restart, Supervisor
 from thorn.telemetry import configure_logging
 
 console = Console()
@@ -36,18 +43,66 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 DEFAULT_FABRIC = {"spines": 2, "leaves": 4, "hosts_per_leaf": 4}
 EMULATED_BFD_INTERVAL_MS = 300  # ~530 sessions in one process (16 hosts x 15 peers x 2 + links)
+POLL_INTERVAL = 0.1  # how soon a dead child is noticed
+LOG_TAIL_LINES = 5
+
+
+class Supervised(Protocol):
+    """What the supervising loop needs of a child: its log, whether it died, a way back."""
+
+    name: str
+    log: Path
+    started_at: float  # time.monotonic() at its latest start
+
+    def poll(self) -> int | None: ...
+
+    def respawn(self) -> None: ...
 
 
 @dataclass
 class Child:
     name: str
     port: int
-    process: subprocess.Popen[bytes]
+    env: dict[str, str]
     log: Path
+    process: subprocess.Popen[bytes]
+    started_at: float = field(default_factory=time.monotonic)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def poll(self) -> int | None:
+        return self.process.poll()
+
+    def respawn(self) -> None:
+        # Same port and environment: the start-up table's URLs stay right.
+        self.process = _popen(self.name, self.port, self.env, self.log)
+        self.started_at = time.monotonic()
+
+
+@dataclass
+class NatsChild:
+    """The embedded nats-server, supervised: it comes back on its port with its store, so the
+    services' clients (which reconnect forever) find it and JetStream keeps its data."""
+
+    server: EmbeddedNats
+    log: Path
+    started_at: float
+    name: str = "nats-server"
+
+    def poll(self) -> int | None:
+        return self.server.returncode
+
+    def respawn(self) -> None:
+        self.server.spawn()  # no wait for it: the loop keeps watching the others meanwhile
+        self.started_at = time.monotonic()
+
+
+@dataclass
+class StopFlag:
+    # A plain attribute, not a threading.Event: Event.set() in a signal handler can deadlock.
+    requested: bool = False
 
 
 def admin_token(data_dir: Path) -> tuple[str, bool]:
@@ -66,6 +121,10 @@ def admin_token(data_dir: Path) -> tuple[str, bool]:
 
 def _spawn(name: str, port: int, env: dict[str, str], logs: Path) -> Child:
     log = logs / f"{name}.log"
+    return Child(name, port, env, log, _popen(name, port, env, log))
+
+
+def _popen(name: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("ab")
     script = Path(sys.executable).parent / f"thorn-{name}"
     process = subprocess.Popen(
@@ -77,7 +136,7 @@ def _spawn(name: str, port: int, env: dict[str, str], logs: Path) -> Child:
         preexec_fn=die_with_parent,
     )
     handle.close()
-    return Child(name, port, process, log)
+    return process
 
 
 def _wait_ready(child: Child, deadline: float) -> None:
@@ -92,6 +151,75 @@ def _wait_ready(child: Child, deadline: float) -> None:
                 return
         time.sleep(0.1)
     raise RuntimeError(f"{child.name} did not answer /healthz within {START_TIMEOUT:.0f} s")
+
+
+def describe_exit(code: int | None) -> str:
+    if code is None:
+        return "could not be started"
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def restart_summary(restarts: dict[str, int]) -> str:
+    made = [f"{name} {count}" for name, count in restarts.items() if count]
+    return "Restarts: " + (", ".join(made) if made else "none") + "."
+
+
+def _tail(log: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        return log.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _tell(proc: Supervised, restart: Restart, supervisor: Supervisor, why: str = "") -> None:
+    """One line per restart; a louder one, with the log's tail, when it starts to crash-loop."""
+    what = describe_exit(restart.code) + (f" ({why})" if why else "")
+    if restart.code is not None:
+        what += f" after {restart.uptime:.1f} s up"
+    console.print(
+        f"[yellow]{restart.name} {escape(what)}; restart {restart.number} in "
+        f"{restart.delay:.1f} s (log: {escape(str(proc.log))})[/yellow]",
+        soft_wrap=True,  # one line, however narrow the terminal: easy to grep
+    )
+    if restart.crash_loop:
+        policy = supervisor.policy
+        console.print(
+            f"[bold red]{restart.name} keeps failing soon after it starts ({restart.streak} "
+            f"times in a row). thorn-run keeps trying, waiting up to {policy.max_delay:g} s "
+            f"between tries; everything else keeps running. Its log ends:[/bold red]",
+            soft_wrap=True,
+        )
+        for line in _tail(proc.log):
+            console.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _supervise(procs: list[Supervised], supervisor: Supervisor, stop: StopFlag) -> None:
+    """Until a stop signal: notice dead children, start each again when the policy says."""
+    by_name = {proc.name: proc for proc in procs}
+    while not stop.requested:
+        now = time.monotonic()
+        for proc in procs:
+            if supervisor.running(proc.name) and (code := proc.poll()) is not None:
+                _tell(proc, supervisor.exited(proc.name, now, code), supervisor)
+        for name in supervisor.settled(now):
+            console.print(
+                f"[green]{name} has stayed up {supervisor.policy.stable_after:g} s: it runs "
+                "normally again[/green]",
+                soft_wrap=True,
+            )
+        for name in supervisor.due(now):
+            if stop.requested:
+                break  # stopping: start nothing new
+            supervisor.started(name, now)
+            try:
+                by_name[name].respawn()
+            except (OSError, NatsServerError) as exc:
+                _tell(by_name[name], supervisor.exited(name, now, None), supervisor, str(exc))
+        time.sleep(POLL_INTERVAL)
 
 
 def _stop(children: list[Child]) -> None:
@@ -132,19 +260,24 @@ def main() -> None:
     logs = data_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     token, generated = admin_token(data_dir)
-    stopping = False
+    stop = StopFlag()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
+        stop.requested = True
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # HUP: the terminal closed
         signal.signal(signum, on_signal)
     children: list[Child] = []
     lab_built: str | None = None
+    nats: EmbeddedNats | None = None
+    supervisor: Supervisor | None = None
     try:
         with console.status("starting nats-server (JetStream)"):
-            nats = EmbeddedNats(store_dir=data_dir / "nats").start()
+            # Its own session: Ctrl-C reaches the launcher only, which stops NATS last, after
+            # the services; its log is kept with theirs.
+            nats = EmbeddedNats(store_dir=data_dir / "nats", log_dir=logs, new_session=True)
+            nats_started = time.monotonic()
+            nats.start()
         env = {
             **os.environ,
             "THORN_NATS_URL": nats.url,
@@ -164,18 +297,25 @@ def main() -> None:
         lab_note = "not built: THORN_EMULATED_FABRIC=0"
         if settings.emulated_fabric:
             lab_prefix = settings.lab or "thorn"
-            lab_note = _emulated_fabric(children, env, logs, token, lab_prefix)
+            lab_note = _emulated_fabric(children, env, logs, token, lab_prefix, settings)
             lab_built = lab_prefix if any(c.name == "programmer" for c in children) else None
-        _report(children, nats, summary, data_dir, token if generated else None, lab_note)
-        while not stopping:
-            for child in children:
-                if child.process.poll() is not None:
-                    console.print(
-                        f"[red]{child.name} exited ({child.process.returncode}); "
-                        f"see {child.log}[/red]"
-                    )
-                    stopping = True
-            time.sleep(0.2)
+        _report(
+            children,
+            nats,
+            summary,
+            data_dir,
+            token if generated else None,
+            lab_note,
+            bfd_note(settings) if lab_built is not None else None,
+        )
+        supervisor = Supervisor()
+        procs: list[Supervised] = [
+            NatsChild(nats, logs / "nats-server.log", nats_started),
+            *children,
+        ]
+        for proc in procs:
+            supervisor.add(proc.name, proc.started_at)
+        _supervise(procs, supervisor, stop)
     except (RuntimeError, LookupError, ValueError, OSError, httpx.HTTPError) as exc:
         # a service that would not start, a lab that cannot be built (a bad THORN_LAB
         # prefix, a fabric that cannot be laid out): one line, no traceback
@@ -185,17 +325,44 @@ def main() -> None:
     finally:
         with console.status("stopping"):
             _stop(children)
-            if "nats" in locals():
+            if nats is not None:
                 nats.stop()
             if lab_built is not None:
                 from thorn.lab import build
 
                 build.down(lab_built)
+    if supervisor is not None:
+        console.print(restart_summary(supervisor.restarts))
     console.print("THORN stopped cleanly.")
 
 
+def lab_bfd_interval_ms(settings: Settings) -> int:
+    """The lab programmer's BFD interval: the admin's THORN_BFD_INTERVAL_MS if set, else the
+    slower EMULATED_BFD_INTERVAL_MS (one process runs every node's sessions)."""
+    if "bfd_interval_ms" in settings.model_fields_set:
+        return settings.bfd_interval_ms
+    return EMULATED_BFD_INTERVAL_MS
+
+
+def bfd_note(settings: Settings) -> str:
+    """The start-up table's line on the lab's BFD timers."""
+    if settings.bfd_sessions == "off":
+        return "off (THORN_BFD_SESSIONS=off)"
+    interval = lab_bfd_interval_ms(settings)
+    return (
+        f"{interval} ms x {settings.bfd_multiplier}: a silent failure is detected in "
+        f"{interval * settings.bfd_multiplier} ms ({settings.bfd_sessions} sessions; "
+        "THORN_BFD_INTERVAL_MS, THORN_BFD_MULTIPLIER)"
+    )
+
+
 def _emulated_fabric(
-    children: list[Child], env: dict[str, str], logs: Path, token: str, prefix: str
+    children: list[Child],
+    env: dict[str, str],
+    logs: Path,
+    token: str,
+    prefix: str,
+    settings: Settings,
 ) -> str:
     """Build the store's fabric as lab `prefix` and start the programmer for all its nodes.
     Returns a line for the summary (what was built, or why not)."""
@@ -215,8 +382,8 @@ def _emulated_fabric(
     with console.status("starting programmer (one agent per lab node)"):
         # One process runs BFD for every node of the lab here (on a real fabric each node
         # runs its own): hundreds of sessions, so slower timers unless the admin set them.
-        lab_env = {"THORN_BFD_INTERVAL_MS": str(EMULATED_BFD_INTERVAL_MS), **env,
-                   "THORN_LAB": prefix}  # fmt: skip
+        interval = lab_bfd_interval_ms(settings)
+        lab_env = {**env, "THORN_BFD_INTERVAL_MS": str(interval), "THORN_LAB": prefix}
         child = _spawn("programmer", free_port(), lab_env, logs)
         children.append(child)
         _wait_ready(child, time.monotonic() + START_TIMEOUT)
@@ -233,6 +400,7 @@ def _report(
     data_dir: Path,
     new_token_value: str | None,
     lab_note: str,
+    bfd: str | None,
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     table.add_row("API and OpenAPI", f"{children[0].url}/api/v1  ({children[0].url}/docs)")
@@ -246,6 +414,8 @@ def _report(
         f"{summary['hosts']} hosts, {summary['links']} links",
     )
     table.add_row("emulated fabric", lab_note)
+    if bfd is not None:
+        table.add_row("lab BFD", bfd)
     console.print(table)
     if new_token_value:
         console.print(
@@ -254,4 +424,4 @@ def _report(
         )
     else:
         console.print(f"Admin token: $THORN_ADMIN_TOKEN or {data_dir}/admin-token")
-    console.print("Press Ctrl-C to stop.")
+    console.print("A child that exits is started again. Press Ctrl-C to stop.")

@@ -89,6 +89,9 @@ class EmbeddedNats:
     `port` and `store_dir` are chosen when not given; a store directory this object created is
     removed by `stop()`. `restart()` stops and starts the server again on the same port with the
     same store directory (JetStream data survives), as a crashed-and-restarted server would.
+    The server's log goes to `log_dir`/nats-server.log (kept), else to a temporary directory
+    that `stop()` removes. `new_session` puts the server in a session of its own, so a
+    terminal's Ctrl-C reaches only the parent, which stops it in its own time.
     """
 
     def __init__(
@@ -101,6 +104,8 @@ class EmbeddedNats:
         startup_timeout: float = 10.0,
         stop_timeout: float = 5.0,
         extra_args: tuple[str, ...] = (),
+        log_dir: str | os.PathLike[str] | None = None,
+        new_session: bool = False,
     ) -> None:
         self.host = host
         self._requested_port = port
@@ -108,11 +113,13 @@ class EmbeddedNats:
         self._binary = Path(binary) if binary is not None else None
         self._store_dir: Path | None = Path(store_dir) if store_dir is not None else None
         self._own_store_dir = False
-        self._log_dir: Path | None = None
+        self._log_dir: Path | None = Path(log_dir) if log_dir is not None else None
+        self._own_log_dir = False
         self._log_file: IO[bytes] | None = None
         self.startup_timeout = startup_timeout
         self.stop_timeout = stop_timeout
         self.extra_args = extra_args
+        self.new_session = new_session
         self._proc: subprocess.Popen[bytes] | None = None
 
     # ----------------------------------------------------------------------------- properties
@@ -140,6 +147,15 @@ class EmbeddedNats:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code once the process has exited; None while it runs or before a start."""
+        return self._proc.poll() if self._proc is not None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._log_dir / "nats-server.log" if self._log_dir is not None else None
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -179,13 +195,20 @@ class EmbeddedNats:
                     raise
         raise AssertionError("unreachable")
 
+    def spawn(self) -> None:
+        """Start the process and return at once, without waiting for it to accept clients:
+        for a supervisor that polls `returncode`. After a crash it comes back on the same port
+        and store directory, which only `stop()` gives up."""
+        self._spawn()
+
     def stop(self) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after `stop_timeout`); clean up."""
         self._terminate()
         self._close_log()
-        if self._log_dir is not None:
+        if self._own_log_dir and self._log_dir is not None:
             shutil.rmtree(self._log_dir, ignore_errors=True)
             self._log_dir = None
+            self._own_log_dir = False
         if self._own_store_dir and self._store_dir is not None:
             shutil.rmtree(self._store_dir, ignore_errors=True)
             self._store_dir = None
@@ -212,9 +235,9 @@ class EmbeddedNats:
 
     def log_tail(self, lines: int = 20) -> str:
         """The last lines the server wrote (its log goes to a file, not a pipe)."""
-        if self._log_dir is None:
+        path = self.log_path
+        if path is None:
             return ""
-        path = self._log_dir / "nats-server.log"
         try:
             text = path.read_text(errors="replace")
         except OSError:
@@ -263,6 +286,8 @@ class EmbeddedNats:
             self._port = free_port(self.host)
         if self._log_dir is None:
             self._log_dir = Path(tempfile.mkdtemp(prefix="thorn-nats-log-"))
+            self._own_log_dir = True
+        self._log_dir.mkdir(parents=True, exist_ok=True)
         self._close_log()
         self._log_file = open(self._log_dir / "nats-server.log", "ab")  # noqa: SIM115
         args = [
@@ -282,6 +307,7 @@ class EmbeddedNats:
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
+            start_new_session=self.new_session,
         )
         log.debug(
             "nats_server_spawned", pid=self._proc.pid, url=self.url, store=str(self._store_dir)

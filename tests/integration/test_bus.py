@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,7 +41,7 @@ from thorn.events import (
     agent_report_subject,
     health_link_subject,
 )
-from thorn.natsd import EmbeddedNats, NatsServerError, free_port, resolve_nats
+from thorn.natsd import EmbeddedNats, NatsServerError, _greeting_seen, free_port, resolve_nats
 
 pytestmark = pytest.mark.nats
 
@@ -495,6 +497,32 @@ def test_embedded_server_stops_and_removes_its_temporary_store() -> None:
         assert server.url.startswith("nats://127.0.0.1:")
     assert not server.running
     assert not store.exists()
+
+
+def test_embedded_server_spawned_after_a_crash_keeps_its_port_store_and_given_log(
+    tmp_path: Path,
+) -> None:
+    """What thorn-run's supervisor relies on: `spawn()` after a crash, without waiting."""
+    server = EmbeddedNats(store_dir=tmp_path / "js", log_dir=tmp_path / "logs", new_session=True)
+    server.start()
+    try:
+        port = server.port
+        assert server.returncode is None
+        server.kill()
+        assert server.returncode == -9
+        server.spawn()
+        assert server.port == port and server.store_dir == tmp_path / "js"
+        assert server.pid is not None and os.getsid(server.pid) == server.pid  # own session
+        deadline = time.monotonic() + WAIT
+        while not _greeting_seen("127.0.0.1", port, timeout=0.5):
+            assert server.returncode is None, server.log_tail()
+            assert time.monotonic() < deadline, "the spawned server never accepted clients"
+            time.sleep(0.02)
+    finally:
+        server.stop()
+    assert server.log_path == tmp_path / "logs" / "nats-server.log"
+    assert "Server is ready" in server.log_path.read_text()  # a given log dir is kept
+    assert (tmp_path / "js").is_dir()
 
 
 async def test_resolve_nats_uses_a_given_url_as_is() -> None:

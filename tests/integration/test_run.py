@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import nats
 
 from thorn.natsd import free_port
 
@@ -124,3 +130,210 @@ def test_services_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
     while any(Path(f"/proc/{pid}").exists() for pid in services) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(Path(f"/proc/{pid}").exists() for pid in services)
+
+
+# --- supervision: a dead child comes back, the rest is left alone ----------------------------
+
+RESTART = 30.0  # bound on a child's way back (the first restart waits 0.2 s)
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def child_roles(launcher_pid: int) -> dict[str, int]:
+    """The launcher's children by role: nats-server and thorn-<service> -> pid."""
+    roles = {}
+    for pid in children_of(launcher_pid):
+        args = cmdline(pid)
+        if args and Path(args[0]).name == "nats-server":
+            roles["nats-server"] = pid
+        for arg in args[:2]:  # `python .venv/bin/thorn-health`
+            if Path(arg).name.startswith("thorn-"):
+                roles[Path(arg).name.removeprefix("thorn-")] = pid
+    return roles
+
+
+def listen_port(pid: int) -> int:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    listen = next(v for v in environ if v.startswith(b"THORN_LISTEN="))
+    return int(listen.rsplit(b":", 1)[1])
+
+
+def nats_port(pid: int) -> int:
+    args = cmdline(pid)
+    return int(args[args.index("-p") + 1])
+
+
+def healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def healthz_on(port: int) -> Callable[[int], bool]:
+    """A readiness check for `back_again`: the service's port answers, whatever its pid."""
+    return lambda _pid: healthy(port)
+
+
+def nats_greets(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+            sock.settimeout(1)
+            return sock.recv(5) == b"INFO "
+    except OSError:
+        return False
+
+
+def back_again(launcher_pid: int, role: str, old_pid: int, ready: Callable[[int], bool]) -> int:
+    """Wait for a new `role` child that is ready (its port answers); return its pid."""
+    deadline = time.monotonic() + RESTART
+    while time.monotonic() < deadline:
+        pid = child_roles(launcher_pid).get(role)
+        if pid is not None and pid != old_pid and ready(pid):
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"{role} did not come back within {RESTART:.0f} s")
+
+
+async def topology_stream(url: str) -> tuple[int, int, dict[str, object]]:
+    """THORN_TOPOLOGY's first sequence, message count and last topology.changed event."""
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info("THORN_TOPOLOGY")
+        last = await js.get_last_msg("THORN_TOPOLOGY", "topology.changed")
+        return info.state.first_seq, info.state.messages, json.loads(last.data or b"{}")
+    finally:
+        await nc.close()
+
+
+def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_path: Path) -> None:
+    port = free_port()
+    token = "thn_supervision_test"
+    env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}",
+           "THORN_EMULATED_FABRIC": "0", "THORN_ADMIN_TOKEN": token}  # fmt: skip
+    script = Path(sys.executable).parent / "thorn-run"
+    run = subprocess.Popen([str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: set[int] = set()
+    try:
+        wait_for(f"http://127.0.0.1:{port}/api/v1/fabric/summary", token, time.monotonic() + START)
+        assert healthy(port)
+        deadline = time.monotonic() + START
+        while len(roles := child_roles(run.pid)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert set(roles) == {"nats-server", "topology", "health", "pathcomp"}, roles
+        seen |= set(roles.values())
+
+        # health and pathcomp die hard: each comes back on its own port; topology is untouched.
+        ports = {role: listen_port(roles[role]) for role in ("health", "pathcomp")}
+        killed_at = time.monotonic()
+        for role in ports:
+            os.kill(roles[role], signal.SIGKILL)
+        for role, role_port in ports.items():
+            pid = back_again(run.pid, role, roles[role], healthz_on(role_port))
+            print(f"{role} back (healthz) {time.monotonic() - killed_at:.2f} s after kill -9")
+            assert listen_port(pid) == role_port
+            seen.add(pid)
+        assert child_roles(run.pid)["topology"] == roles["topology"]
+
+        # nats-server dies hard: it comes back on the same port with its JetStream store.
+        old_nats = roles["nats-server"]
+        old_port = nats_port(old_nats)
+        url = f"nats://127.0.0.1:{old_port}"
+        first_seq, messages, _ = asyncio.run(topology_stream(url))
+        assert messages >= 1  # the seeded fabric's topology.changed
+        killed_at = time.monotonic()
+        os.kill(old_nats, signal.SIGKILL)
+        new_nats = back_again(
+            run.pid, "nats-server", old_nats, lambda pid: nats_greets(nats_port(pid))
+        )
+        print(f"nats-server back (INFO) {time.monotonic() - killed_at:.2f} s after kill -9")
+        assert nats_port(new_nats) == old_port
+        seen.add(new_nats)
+
+        # topology still serves a write, and its event reaches the restarted server's stream.
+        headers = {"Authorization": f"Bearer {token}"}
+        created = httpx.post(f"http://127.0.0.1:{port}/api/v1/tenants", json={"name": "after"},
+                             headers=headers, timeout=10)  # fmt: skip
+        assert created.status_code == 201, created.text
+        revision = httpx.get(
+            f"http://127.0.0.1:{port}/api/v1/fabric/summary", headers=headers, timeout=10
+        ).json()["revision"]
+        deadline = time.monotonic() + RESTART
+        while True:
+            with contextlib.suppress(Exception):  # JetStream may still be recovering its store
+                now_first, now_messages, last = asyncio.run(topology_stream(url))
+                if last.get("revision") == revision:
+                    break
+            assert time.monotonic() < deadline, "topology.changed never reached the new server"
+            time.sleep(0.2)
+        print(f"tenant event in the stream {time.monotonic() - killed_at:.2f} s after kill -9")
+        assert (now_first, now_messages) == (first_seq, messages + 1)  # the old events survived
+        roles = child_roles(run.pid)
+        assert set(roles) == {"nats-server", "topology", "health", "pathcomp"}
+
+        run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=STOP)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    text = output.decode(errors="replace")
+    assert run.returncode == 0, text
+    assert "THORN stopped cleanly." in text
+    for role in ("health", "pathcomp", "nats-server"):
+        assert f"{role} was killed by SIGKILL after" in text, text
+    assert "Restarts: nats-server 1, health 1, pathcomp 1." in text, text
+    assert not any(Path(f"/proc/{pid}").exists() for pid in seen)
+
+
+def test_a_child_that_keeps_failing_at_start_is_retried_and_the_user_told(tmp_path: Path) -> None:
+    """health's port is taken while it is down: each start fails at once; once freed, it is back."""
+    port = free_port()
+    token = "thn_crash_loop_test"
+    env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}",
+           "THORN_EMULATED_FABRIC": "0", "THORN_ADMIN_TOKEN": token}  # fmt: skip
+    script = Path(sys.executable).parent / "thorn-run"
+    run = subprocess.Popen([str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log = tmp_path / "logs" / "health.log"
+    try:
+        wait_for(f"http://127.0.0.1:{port}/api/v1/fabric/summary", token, time.monotonic() + START)
+        deadline = time.monotonic() + START
+        while "health" not in (roles := child_roles(run.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        health_port = listen_port(roles["health"])
+        with socket.socket() as squatter:
+            os.kill(roles["health"], signal.SIGKILL)
+            deadline = time.monotonic() + STOP
+            while Path(f"/proc/{roles['health']}/cmdline").exists():
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            squatter.bind(("127.0.0.1", health_port))
+            squatter.listen()
+            deadline = time.monotonic() + 4 * RESTART
+            while log.read_text(errors="replace").count("address already in use") < 5:
+                assert time.monotonic() < deadline, "health was not retried five times"
+                time.sleep(0.2)
+            topology = child_roles(run.pid)["topology"]
+            assert topology == roles["topology"]  # the others were left alone
+        freed = time.monotonic()
+        back_again(run.pid, "health", roles["health"], healthz_on(health_port))
+        # the wait is capped at 10 s; a start takes ~1 s
+        assert time.monotonic() - freed < 10 + RESTART
+        run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=STOP)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    text = output.decode(errors="replace")
+    assert run.returncode == 0, text
+    assert text.count("health keeps failing soon after it starts (5 times in a row)") == 1, text
+    assert "health exited with code " in text, text  # a taken port: a clean error exit
+    assert "THORN stopped cleanly." in text
