@@ -59,6 +59,16 @@ class Settings(BaseSettings):
         50, ge=10, le=10_000, description="programmer: BFD desired TX and required RX interval"
     )
     bfd_multiplier: int = Field(3, ge=1, le=255, description="programmer: BFD detect multiplier")
+    failover_revertive: bool = Field(
+        True,
+        description="programmer: after a flip, move back to the preferred colour once it is "
+        "safe again (re-protected, or its BFD session Up) for the hold-down",
+    )
+    failover_hold_down_ms: int = Field(
+        2000, ge=0, le=3_600_000,
+        description="programmer: how long the preferred colour must stay safe before a "
+        "revertive agent moves back to it",
+    )  # fmt: skip
     health_degraded_loss: float = Field(
         0.01, ge=0, le=1, description="health: loss fraction above which a link is degraded"
     )

@@ -12,6 +12,7 @@ which is why the per-node wildcards use '>'):
     failover.<node>             FailoverEvent       stream THORN_FAILOVER (failover history)
     agent.report.<node>         AgentReport         (core NATS request; health replies)
     agent.applied.<node>        DatapathApplied     (core NATS only: a datapath reconciled)
+    agent.flip.<node>           FlipCommand         (core NATS: pathcomp's urgent flips)
 
 Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
 """
@@ -19,6 +20,7 @@ Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPE
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +42,8 @@ AGENT_REPORT_PREFIX = "agent.report"
 AGENT_REPORT_ALL = "agent.report.>"
 AGENT_APPLIED_PREFIX = "agent.applied"
 AGENT_APPLIED_ALL = "agent.applied.>"  # ">": a node name may span tokens
+AGENT_FLIP_PREFIX = "agent.flip"
+AGENT_FLIP_ALL = "agent.flip.>"
 
 # What a node name may look like inside a subject: the domain model's Name (letters, digits,
 # '.', '_', '-'), so never a wildcard, whitespace or an empty token.
@@ -75,6 +79,11 @@ def agent_report_subject(node: str) -> str:
 def agent_applied_subject(node: str) -> str:
     """`agent.applied.<node>`: a node's agent tells what it made of its desired state."""
     return f"{AGENT_APPLIED_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def agent_flip_subject(node: str) -> str:
+    """`agent.flip.<node>`: pathcomp's urgent commands to a host's agent."""
+    return f"{AGENT_FLIP_PREFIX}.{_subject_name(node, 'node name')}"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -253,6 +262,37 @@ class PathsChanged(Event):
         return PATHS_CHANGED
 
 
+class Hop(BaseModel):
+    """One step of a failover, timed by the clock of `clock` (a node or a service name):
+    hops read on different clocks are never subtracted silently."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    step: str = Field(min_length=1, max_length=64)
+    at: UtcDatetime
+    clock: str = Field(min_length=1, max_length=64)
+
+
+def new_trace_id() -> str:
+    """A fresh failover trace id (64 random bits, hex)."""
+    return uuid.uuid4().hex[:16]
+
+
+class Trace(BaseModel):
+    """A failover's trace: its id and the hops so far, in order. Every event of one
+    failover (health's decision, pathcomp's flips, each agent's apply) carries the same id."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str = Field(pattern=r"^[0-9a-f]{8,32}$")
+    hops: list[Hop] = Field(default_factory=list, max_length=64)
+
+    def then(self, step: str, clock: str, at: datetime | None = None) -> Trace:
+        """This trace with one more hop (now, unless `at` is given)."""
+        hop = Hop(step=step, at=at or utcnow(), clock=clock)
+        return self.model_copy(update={"hops": [*self.hops, hop][-64:]})
+
+
 class LinkHealthChanged(Event):
     """Health moved link `link_id` from `previous` (None: first seen) to `state`."""
 
@@ -263,27 +303,57 @@ class LinkHealthChanged(Event):
     previous: str | None = None
     at: UtcDatetime
     source: str
+    trace: Trace | None = Field(None, description="detection, report and decision hops")
 
     @property
     def subject(self) -> str:
         return health_link_subject(self.link_id)
 
 
+FailoverTier = Literal["switch", "source", "central"]
+ColourLiteral = Literal["red", "blue"]
+
+
 class FailoverEvent(Event):
-    """Node `node` moved its traffic towards `peer` from one path colour to the other."""
+    """Node `node` moved its traffic towards `peers` to colour `to_colour` (source: the
+    agent's own BFD; central: pathcomp's urgent flip), or a switch repaired locally."""
 
     subject_pattern: ClassVar[str] = FAILOVER_ALL
 
     node: str
-    peer: str
-    from_colour: str
+    peers: list[str] = Field(min_length=1, max_length=100_000)
+    from_colour: str | None = Field(None, description="null: the peers were on both")
     to_colour: str
     at: UtcDatetime
     reason: str
+    tier: FailoverTier
+    kernel_ms: float = Field(0.0, ge=0, description="time the kernel change took")
+    trace: Trace | None = None
 
     @property
     def subject(self) -> str:
         return failover_subject(self.node)
+
+
+class FlipCommand(Event):
+    """Pathcomp to a host's agent, urgent: send traffic toward `peers` on `colour` now
+    (their active colour crosses `element`, which failed). `plan_revision` is the plan the
+    flip was decided on; `reprotected`: the plan at that revision makes the flipped peers'
+    preferred colour safe again (a revertive agent moves back after its hold-down)."""
+
+    subject_pattern: ClassVar[str] = AGENT_FLIP_ALL
+
+    node: str
+    kind: Literal["flip", "reprotected"] = "flip"
+    peers: list[str] = Field(default_factory=list, max_length=100_000)
+    colour: ColourLiteral | None = None
+    element: str = Field(min_length=1, max_length=128)
+    plan_revision: int = Field(ge=0)
+    trace: Trace | None = None
+
+    @property
+    def subject(self) -> str:
+        return agent_flip_subject(self.node)
 
 
 class DatapathApplied(Event):
@@ -385,6 +455,7 @@ EVENT_TYPES: Mapping[str, type[Event]] = {
     PATHS_CHANGED: PathsChanged,
     FAILOVER_ALL: FailoverEvent,
     AGENT_APPLIED_ALL: DatapathApplied,
+    AGENT_FLIP_ALL: FlipCommand,
     AGENT_REPORT_ALL: AgentReport,
 }
 
@@ -443,6 +514,8 @@ def decode(subject: str, data: bytes) -> Event:
 __all__ = [
     "AGENT_APPLIED_ALL",
     "AGENT_APPLIED_PREFIX",
+    "AGENT_FLIP_ALL",
+    "AGENT_FLIP_PREFIX",
     "AGENT_REPORT_ALL",
     "AGENT_REPORT_PREFIX",
     "DESIRED_STATE_KV",
@@ -468,20 +541,26 @@ __all__ = [
     "Event",
     "EventDecodeError",
     "FailoverEvent",
+    "FailoverTier",
+    "FlipCommand",
+    "Hop",
     "KeyValueSpec",
     "LinkHealthChanged",
     "PathsChanged",
     "StreamSpec",
     "TopologyChanged",
+    "Trace",
     "UnknownSubjectError",
     "UtcDatetime",
     "agent_applied_subject",
+    "agent_flip_subject",
     "agent_report_subject",
     "decode",
     "encode",
     "failover_subject",
     "health_link_subject",
     "model_for_subject",
+    "new_trace_id",
     "stream_for_subject",
     "subject_matches",
     "utcnow",

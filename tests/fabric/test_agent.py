@@ -142,7 +142,7 @@ async def test_local_failover_flips_without_the_controller(
     assert await asyncio.to_thread(udp_exchange, hosts) == 20
     await bus.flush()
     await asyncio.sleep(0.1)
-    flips = sorted((e.node, e.peer, e.to_colour) for e in events if isinstance(e, FailoverEvent))
+    flips = sorted((e.node, *e.peers, e.to_colour) for e in events if isinstance(e, FailoverEvent))
     assert flips == [("h1", "h2", "blue"), ("h2", "h1", "blue")]
     # The override outlives a reconcile of the same plan.
     await agents.agents["h1"].reconcile_now()

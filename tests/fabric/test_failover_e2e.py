@@ -2,9 +2,10 @@
 JetStream KV, workloads talk through THORN's tunnels, and a link cut is survived.
 
 The lab is `leaf_spine(2, 3, 2)`: host1 and host2 on leaf1, host3 and host4 on leaf2,
-host5 and host6 on leaf3, two spines. Nothing here detects failures yet (that is the
-health service's job): the test plays the detector, by telling pathcomp the link is down
-(the central path) or by asking the source agent to flip (the local fast failover).
+host5 and host6 on leaf3, two spines. Nothing here detects failures (that is the
+health service's job, tested end to end in test_detection_e2e.py): the test plays the
+detector, by telling pathcomp the link is down (the central path: urgent flips, then
+re-protection) or by asking the source agent to flip (the local fast failover).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ async def test_workloads_talk_through_thorn_tunnels_across_the_fabric(
     assert errors == {}
 
 
-async def test_a_cut_link_is_replanned_and_untouched_flows_never_stop(
+async def test_a_cut_link_costs_the_hit_flow_at_most_a_short_gap_and_others_nothing(
     controller: Controller,
 ) -> None:
     lab = controller.lab
@@ -55,9 +56,9 @@ async def test_a_cut_link_is_replanned_and_untouched_flows_never_stop(
     await controller.settled()
     hit_report = await asyncio.to_thread(hit.wait)
     other_report = await asyncio.to_thread(other.wait)
-    # The hit flow lost one run of packets, then came back on the re-protected path.
-    assert 0 < hit_report.lost < hit_report.sent and hit_report.lost_ranges_total == 1
-    assert hit_report.lost_ranges[0][1] < hit_report.sent - 100
+    # The hit flow lost at most one short run: the switch's backup route (the kernel drops
+    # the dead route at once) and pathcomp's urgent flip to blue, before any re-protection.
+    assert hit_report.lost <= 20 and hit_report.lost_ranges_total <= 1, hit_report.lost_ranges
     # Make-before-break: a flow whose path did not use the link never lost a packet.
     assert other_report.lost == 0, (bystander, other_report.lost_ranges)
 

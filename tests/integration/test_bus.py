@@ -117,7 +117,13 @@ async def test_a_subscriber_on_a_wildcard_gets_each_event_decoded_to_its_own_typ
             TopologyChanged(revision=1, at=AT, actor="t", changes=[]),
             PathsChanged(revision=1, topology_revision=1, at=AT),
             FailoverEvent(
-                node="h1", peer="h2", from_colour="red", to_colour="blue", at=AT, reason="x"
+                node="h1",
+                peers=["h2"],
+                from_colour="red",
+                to_colour="blue",
+                at=AT,
+                reason="x",
+                tier="source",
             ),
         ]
         for event in sent:

@@ -45,6 +45,7 @@ class Controller:
 
     async def settled(self, within: float = 20) -> None:
         """Every agent has applied the latest document written for its node."""
+        await self.service.replanned(within)
         for _ in range(int(within / 0.05)):
             late = []
             for node, agent in self.agents.items():

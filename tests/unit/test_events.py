@@ -24,11 +24,13 @@ from thorn.events import (
     Event,
     EventDecodeError,
     FailoverEvent,
+    FlipCommand,
     KeyValueSpec,
     LinkHealthChanged,
     PathsChanged,
     StreamSpec,
     TopologyChanged,
+    Trace,
     UnknownSubjectError,
     agent_applied_subject,
     agent_report_subject,
@@ -37,6 +39,7 @@ from thorn.events import (
     failover_subject,
     health_link_subject,
     model_for_subject,
+    new_trace_id,
     stream_for_subject,
     subject_matches,
     utcnow,
@@ -56,7 +59,21 @@ def sample_events() -> list[Event]:
         PathsChanged(revision=2, topology_revision=4, at=AT),
         LinkHealthChanged(link_id=17, state="down", previous="up", at=AT, source="bfd"),
         FailoverEvent(
-            node="host-a", peer="host-b", from_colour="red", to_colour="blue", at=AT, reason="bfd"
+            node="host-a",
+            peers=["host-b"],
+            from_colour="red",
+            to_colour="blue",
+            at=AT,
+            reason="bfd",
+            tier="source",
+        ),
+        FlipCommand(
+            node="host-a",
+            peers=["host-b"],
+            colour="blue",
+            element="link 3",
+            plan_revision=7,
+            trace=Trace(id="00c0ffee00c0ffee").then("health_decided", "health", at=AT),
         ),
         AgentReport(
             node="leaf1",
@@ -153,6 +170,7 @@ def test_every_event_subject_is_stored_by_its_stream() -> None:
         LinkHealthChanged: STREAM_HEALTH,
         FailoverEvent: STREAM_FAILOVER,
         DatapathApplied: None,  # the latest per node matters: core NATS, not stored
+        FlipCommand: None,  # urgent: core NATS, straight to the agent
         AgentReport: None,  # a request that health answers: core NATS
     }
     for event in sample_events():
@@ -202,6 +220,7 @@ def test_the_registry_maps_each_subject_to_its_model() -> None:
         FailoverEvent,
         DatapathApplied,
         AgentReport,
+        FlipCommand,
     }
 
 
@@ -242,9 +261,21 @@ def test_an_event_knows_its_concrete_subject() -> None:
     link = LinkHealthChanged(link_id=5, state="up", previous=None, at=AT, source="carrier")
     assert link.subject == "health.link.5"
     flip = FailoverEvent(
-        node="h1", peer="h2", from_colour="red", to_colour="blue", at=AT, reason=""
-    )
+        node="h1", peers=["h2"], from_colour="red", to_colour="blue", at=AT, reason="",
+        tier="central",
+    )  # fmt: skip
     assert flip.subject == "failover.h1"
+    command = FlipCommand(node="h1", peers=["h2"], colour="blue", element="x", plan_revision=1)
+    assert command.subject == "agent.flip.h1"
+
+
+def test_a_trace_keeps_its_hops_in_order_each_naming_its_clock() -> None:
+    trace = Trace(id=new_trace_id()).then("detected", "spine1", at=AT)
+    trace = trace.then("health_decided", "health")
+    assert [(h.step, h.clock) for h in trace.hops] == [
+        ("detected", "spine1"), ("health_decided", "health")]  # fmt: skip
+    with pytest.raises(ValidationError):
+        Trace(id="not hex!")
 
 
 # ------------------------------------------------------------------------------- decoding

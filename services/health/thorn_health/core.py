@@ -91,9 +91,20 @@ class Detection:
         return (self.received_at - self.detected_at).total_seconds() * 1000
 
 
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a transition came from: the reporting agent, when it saw it (its clock) and
+    when health received the report (health's clock). The start of a failover's trace."""
+
+    node: str
+    detected_at: datetime | None
+    received_at: datetime
+
+
 @dataclass
 class Outcome:
     transitions: list[Transition] = field(default_factory=list)
+    origins: dict[Transition, Origin] = field(default_factory=dict)
     records: list[HealthRecord] = field(default_factory=list)
     applied: int = 0  # items that spoke for a known link, port or session
     unknown: list[str] = field(default_factory=list)  # items naming no known link
@@ -227,7 +238,7 @@ class HealthCore:
                 up = item.carrier and item.admin_up
                 self._touched.add(link_id)
                 transitions = self.links[link_id].observe(f"carrier:{node}:{item.port}", up, now)
-                self._note(out, transitions, item.detected_at, received)
+                self._note(out, transitions, item.detected_at, received, node)
                 out.applied += 1
             elif isinstance(item, BfdReport):
                 self._bfd(node, item, now, received, out)
@@ -261,7 +272,7 @@ class HealthCore:
             return
         else:
             transitions = link.observe(source, item.state == "up", now)
-        self._note(out, transitions, item.detected_at, received)
+        self._note(out, transitions, item.detected_at, received, node)
 
     def _counters(
         self, node: str, item: CountersReport, now: float, received: datetime, out: Outcome
@@ -288,7 +299,7 @@ class HealthCore:
             self.port_loss.get((ends.b_node, ends.b_port), 0.0),
         )
         transitions = self.links[link_id].observe_loss(worst, now, f"counters:{node}:{item.port}")
-        self._note(out, transitions, item.at, received)
+        self._note(out, transitions, item.at, received, node)
 
     # --- time -----------------------------------------------------------------------------
 
@@ -315,9 +326,12 @@ class HealthCore:
         transitions: list[Transition],
         detected_at: datetime | None,
         received: datetime,
+        node: str | None = None,
     ) -> None:
         for t in transitions:
             out.transitions.append(t)
+            if node is not None:
+                out.origins[t] = Origin(node, detected_at, received)
             self._count(t.previous, -1)
             self._count(t.state, +1)
             self._touched.add(t.link_id)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 import structlog
@@ -34,10 +34,12 @@ from thorn.events import (
     AgentReportReply,
     LinkHealthChanged,
     TopologyChanged,
+    Trace,
+    new_trace_id,
 )
 from thorn.store import Store
 from thorn.store.health import HealthRecord, LinkStateRecord
-from thorn_health.core import HealthCore, LinkEnds, Outcome, links_of
+from thorn_health.core import HealthCore, LinkEnds, Origin, Outcome, links_of
 from thorn_health.linkstate import HealthConfig, Transition
 
 log = structlog.get_logger("thorn.health")
@@ -241,7 +243,7 @@ class HealthService:
         try:
             async with self._lock:
                 outcome = self.core.apply(report, self.clock())
-                await self._publish(outcome.transitions)
+                await self._publish(outcome.transitions, outcome.origins)
         except Exception as exc:  # a bug, not the agent's fault: say so, and keep serving
             REPORTS.labels("failed").inc()
             log.exception("report_failed", node=report.node, seq=report.seq)
@@ -295,8 +297,11 @@ class HealthService:
 
     # --- outputs --------------------------------------------------------------------------
 
-    async def _publish(self, transitions: list[Transition]) -> None:
-        events = [self._event(t) for t in transitions]
+    async def _publish(
+        self, transitions: list[Transition], origins: Mapping[Transition, Origin] | None = None
+    ) -> None:
+        origins = origins or {}
+        events = [self._event(t, origins.get(t)) for t in transitions]
         if self._unpublished:
             await self._retry_unpublished()
         if not events:
@@ -342,13 +347,23 @@ class HealthService:
                 self.core.resave(event.link_id)  # its machine may be stored again
 
     @staticmethod
-    def _event(t: Transition) -> LinkHealthChanged:
+    def _event(t: Transition, origin: Origin | None = None) -> LinkHealthChanged:
+        """The event, with the first hops of its failover trace: the agent's detection (on
+        the agent's clock), the report's arrival and this decision (on health's)."""
+        decided = datetime.fromtimestamp(t.at, UTC)
+        trace = Trace(id=new_trace_id())
+        if origin is not None:
+            if origin.detected_at is not None:
+                trace = trace.then("detected", origin.node, at=origin.detected_at)
+            trace = trace.then("health_received", "health", at=origin.received_at)
+        trace = trace.then("health_decided", "health", at=decided)
         return LinkHealthChanged(
             link_id=t.link_id,
             state=t.state.value,
             previous=t.previous.value if t.previous else None,
-            at=datetime.fromtimestamp(t.at, UTC),
+            at=decided,
             source=t.source,
+            trace=trace,
         )
 
     @staticmethod

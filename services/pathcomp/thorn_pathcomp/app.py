@@ -51,6 +51,7 @@ def create_app(
                 stage_timeout=settings.stage_ack_seconds,
             )  # fmt: skip
             app.state.pathcomp = service
+            stack.push_async_callback(service.close)
             app.state.token_lookup = the_store.token_by_hash
             await service.recompute("start")
 

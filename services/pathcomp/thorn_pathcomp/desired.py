@@ -60,6 +60,7 @@ class _Topology:
     missing_red: bool  # some host has no red TEP: its peers must use blue
     local: dict[str, list[dict[str, Any]]]  # host -> its workloads
     members: dict[int, list[dict[str, Any]]]  # VNI -> workloads with their hosts' TEPs
+    peers: dict[str, set[str]] | None = None  # host -> its peer hosts (made when first asked)
 
     @classmethod
     def of(cls, fabric: Fabric) -> _Topology:
@@ -290,6 +291,19 @@ class DesiredStates:
             "vnis": vnis,
             "blue_peers": blue_peers,
         }
+
+    def peers_of(self, host: str) -> set[str]:
+        """The hosts that `host` has workloads in common VNIs with (its encap targets)."""
+        topo = self.topology
+        if topo.peers is None:
+            topo.peers = {}
+            for members in topo.members.values():
+                hosts = {m["host"] for m in members}
+                for h in hosts:
+                    topo.peers.setdefault(h, set()).update(hosts)
+            for h, peers in topo.peers.items():
+                peers.discard(h)
+        return topo.peers.get(host, set())
 
     def _red_gaps(self, source: Group) -> set[Group]:
         """Destination groups only blue reaches from `source` (usually none)."""

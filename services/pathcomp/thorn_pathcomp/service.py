@@ -9,6 +9,7 @@ when it is complete: readers always see the last good plan.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 from collections.abc import Callable
@@ -19,14 +20,25 @@ from typing import Protocol
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
+from thorn.bus import PublishError
 from thorn.desired import node_key
-from thorn.events import LinkHealthChanged, PathsChanged, TopologyChanged, utcnow
+from thorn.events import (
+    Event,
+    FlipCommand,
+    LinkHealthChanged,
+    PathsChanged,
+    TopologyChanged,
+    Trace,
+    new_trace_id,
+    utcnow,
+)
 from thorn.fabric import Fabric
 from thorn.model import AdminState, Role
 from thorn.store import Store
 from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.desired import DesiredStates, diff
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
+from thorn_pathcomp.flips import link_flips
 from thorn_pathcomp.plan import Plan, PlanUpdate
 
 log = structlog.get_logger("thorn.pathcomp")
@@ -40,6 +52,9 @@ PLAN_SECONDS = Histogram(
 PLAN_REVISION = Gauge("thorn_pathcomp_plan_revision", "Plan revision this replica serves")
 UNPROTECTED = Gauge("thorn_pathcomp_unprotected_pairs", "Host pairs without a disjoint backup")
 KV_WRITES = Counter("thorn_pathcomp_kv_writes_total", "Desired-state documents written")
+CENTRAL_FLIPS = Counter(
+    "thorn_pathcomp_central_flips_total", "Urgent flip messages sent to source hosts"
+)
 
 # Health states in which a link carries no traffic for path computation.
 OUT_OF_SERVICE = {"down", "flapping", "drained"}
@@ -57,7 +72,7 @@ class KeyValue(Protocol):
 
 
 class Publisher(Protocol):
-    async def publish(self, event: PathsChanged, *, msg_id: str | None = None) -> int | None: ...
+    async def publish(self, event: Event, *, msg_id: str | None = None) -> int | None: ...
 
 
 @dataclass
@@ -101,6 +116,14 @@ class PathService:
         self.written: dict[str, int] = {}
         self.out_since: dict[tuple[str, str], tuple[int, datetime]] = {}
         self._load: tuple[Plan, RouteLoad] | None = None
+        # Link health changes waiting for re-protection, and the replanner that takes them.
+        self._pending: dict[int, LinkHealthChanged] = {}
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._replanner: asyncio.Task[None] | None = None
+        self._flipped: dict[str, set[str]] = {}  # source host -> peers flipped, until re-protected
+        self._last_stage: dict[str, int] = {}  # node -> KV revision of the last stage written
 
     # --- computing --------------------------------------------------------------------------
 
@@ -165,36 +188,121 @@ class PathService:
             UNPROTECTED.set(plan.summary.unprotected_pairs)
 
     async def on_link_health(self, event: LinkHealthChanged) -> None:
+        """A link's health changed: first the urgent flips (a link going out of service),
+        then re-protection, coalesced with any other link changes that arrive meanwhile."""
+        received = utcnow()
         up = event.state not in OUT_OF_SERVICE
         if self.link_states.get(event.link_id) == up:
             return
         self.link_states[event.link_id] = up
+        if not up:
+            await self._flip_now(event, received)
+        self._pending[event.link_id] = event
+        self._idle.clear()
+        self._wake.set()
+        if self._replanner is None or self._replanner.done():
+            self._replanner = asyncio.create_task(self._replan_links(), name="pathcomp-replan")
+
+    async def _flip_now(self, event: LinkHealthChanged, received: datetime) -> None:
+        """Tier 3 of failover: one urgent flip per affected source host, from the served
+        plan, before anything is recomputed (the leader only: one voice toward agents)."""
+        states, bus = self.states, self.bus
+        if states is None or bus is None or not self.is_leader():
+            return
+        start = time.perf_counter()
+        flips = link_flips(states, event.link_id)
+        trace = event.trace or Trace(id=new_trace_id())
+        trace = trace.then("pathcomp_received", "pathcomp", at=received)
+        trace = trace.then("pathcomp_decided", "pathcomp")
+        element = f"link {event.link_id}"
+        sent = 0
+        for flip in flips:
+            command = FlipCommand(
+                node=flip.node, peers=list(flip.peers), colour=flip.colour, element=element,
+                plan_revision=self.revision, trace=trace,
+            )  # fmt: skip
+            try:
+                await bus.publish(command)
+                sent += 1
+            except PublishError as exc:  # the agent's own BFD is the next line of defence
+                log.error("central_flip_not_sent", node=flip.node, error=str(exc))
+            self._flipped.setdefault(flip.node, set()).update(flip.peers)
+        CENTRAL_FLIPS.inc(sent)
+        log.info("central_flips", link_id=event.link_id, state=event.state, trace=trace.id,
+                 sources=sent, pairs=sum(len(f.peers) for f in flips),
+                 ms=round((time.perf_counter() - start) * 1000, 3))  # fmt: skip
+
+    async def _replan_links(self) -> None:
+        """Re-protection for link health changes: whatever arrived while the previous
+        replan ran is applied as one update (a whole switch failing is one replan)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            events, self._pending = self._pending, {}
+            if not events:
+                self._idle.set()
+                continue
+            try:
+                await self._replan(events)
+            except Exception:  # keep serving the last good plan; the next change retries
+                log.exception("replan_failed", links=sorted(events))
+            if not self._pending:
+                self._idle.set()
+
+    async def _replan(self, events: dict[int, LinkHealthChanged]) -> None:
         async with self._lock:
             if self.plan is None or self.states is None or self.fabric is None:
                 return
-            if event.link_id not in self.fabric.links:
+            fabric = self.fabric
+            changes = {
+                link_id: self.link_states[link_id]
+                and fabric.links[link_id].admin_state.value == "up"
+                for link_id in events
+                if link_id in fabric.links
+            }
+            if not changes:
                 return
-            admin_up = self.fabric.links[event.link_id].admin_state.value == "up"
             start = time.perf_counter()
-            plan, update = self.plan.update_links(
-                {event.link_id: up and admin_up}, self.fabric.revision
+            plan, update = await asyncio.to_thread(self.plan.update_links, changes, fabric.revision)
+            states = await asyncio.to_thread(
+                self.states.advance, plan, update.recomputed, update.dropped, self.revision + 1
             )
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("incremental").observe(seconds)
-            states = self.states.advance(plan, update.recomputed, update.dropped, self.revision + 1)
+            reason = ", ".join(f"link {i} {e.state}" for i, e in sorted(events.items()))
             await self._adopt(
-                self.fabric,
-                plan,
-                states,
-                update,
-                seconds,
-                "incremental",
-                f"link {event.link_id} {event.state}",
-                vnis=False,
+                fabric, plan, states, update, seconds, "incremental", reason, vnis=False
             )
+            await self._tell_reprotected()
             # Risks and stretch for GET /plan, off the critical path.
             plan.summary = await asyncio.to_thread(plan.summarise)
             UNPROTECTED.set(plan.summary.unprotected_pairs)
+
+    async def _tell_reprotected(self) -> None:
+        """The new plan is written and applied: sources flipped earlier may move back to
+        their preferred colour (revertive agents do, after their hold-down)."""
+        flipped, self._flipped = self._flipped, {}
+        if self.bus is None or not self.is_leader() or not flipped:
+            return
+        # The last stage (the hosts' own documents) is applied before anyone moves back.
+        await self.acks.wait(self._last_stage, self.stage_timeout)
+        for node, peers in sorted(flipped.items()):
+            command = FlipCommand(node=node, kind="reprotected", peers=sorted(peers),
+                                  element="re-protection", plan_revision=self.revision)  # fmt: skip
+            try:
+                await self.bus.publish(command)
+            except PublishError as exc:
+                log.warning("reprotected_not_sent", node=node, error=str(exc))
+
+    async def replanned(self, within: float = 30.0) -> None:
+        """Wait until every link change received so far is planned and written (tests)."""
+        await asyncio.wait_for(self._idle.wait(), within)
+
+    async def close(self) -> None:
+        if self._replanner is not None:
+            self._replanner.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._replanner
 
     async def _adopt(
         self,
@@ -233,6 +341,7 @@ class PathService:
                         )
                         published += 1
                 self.written.update(written)
+                self._last_stage = written
                 if n + 1 < len(stages) and (
                     late := await self.acks.wait(written, self.stage_timeout)
                 ):
@@ -271,9 +380,11 @@ class PathService:
                 await self.bus.publish(event)
             except Exception as exc:  # the documents are written; agents watch the KV
                 log.error("paths_changed_not_published", error=str(exc))
-        # Off the critical path (documents and event are out): keep the long-lived plan out
-        # of every later full collection.
-        gc.collect()
+        # Keep the long-lived plan out of every later full collection. Only the young
+        # generations are collected first: a full collection of a large plan holds the loop
+        # (and the GIL) for hundreds of milliseconds, and the next failure's urgent flips
+        # must not wait behind it. Older garbage is mostly freed by reference counting.
+        gc.collect(1)
         gc.freeze()
         return self.status
 

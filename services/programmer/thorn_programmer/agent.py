@@ -37,7 +37,15 @@ from thorn.desired import (
     VniState,
     node_key,
 )
-from thorn.events import DatapathApplied, FailoverEvent, utcnow
+from thorn.events import (
+    DatapathApplied,
+    FailoverEvent,
+    FailoverTier,
+    FlipCommand,
+    Trace,
+    agent_flip_subject,
+    utcnow,
+)
 from thorn_programmer.drivers.netlink import NetlinkDatapath
 from thorn_programmer.intent import (
     HostIntent,
@@ -47,6 +55,7 @@ from thorn_programmer.intent import (
     switch_intent,
 )
 from thorn_programmer.kernel import diff
+from thorn_programmer.overrides import Overrides
 from thorn_programmer.reconcile import ReconcileResult, reconcile
 
 log = structlog.get_logger("thorn.programmer")
@@ -99,6 +108,7 @@ class NodeAgent:
         bus: Bus,
         drivers: DriverFactory,
         netns: str | None = None,
+        overrides: Overrides | None = None,
     ) -> None:
         self.node = node
         self.kv = kv
@@ -111,7 +121,9 @@ class NodeAgent:
         self._received = 0  # the node key's revision last received (status: last applied)
         self._chunks: dict[tuple[int, int], VniState] = {}
         self._vni_watches: dict[int, asyncio.Task[None]] = {}
-        self._overrides: dict[str, ColourName] = {}
+        # Peers moved to their other colour by a flip (kept across restarts when given a file).
+        self.overrides = overrides or Overrides(None, revertive=True, hold_down=2.0)
+        self._revert: asyncio.TimerHandle | None = None
         self._dirty = asyncio.Event()
         self._caught_up = asyncio.Event()
         self._driver: NetlinkDatapath | None = None
@@ -129,6 +141,9 @@ class NodeAgent:
     async def run(self) -> None:
         """Watch and reconcile until cancelled."""
         watcher = asyncio.create_task(self._watch_node(), name=f"watch-{self.node}")
+        commands = await self.bus.subscribe(
+            agent_flip_subject(self.node), self.on_command, model=FlipCommand
+        )
         try:
             await self._caught_up.wait()
             while True:
@@ -136,6 +151,10 @@ class NodeAgent:
                 self._dirty.clear()
                 await self.reconcile_now()
         finally:
+            with contextlib.suppress(Exception):  # the connection may be gone already
+                await commands.unsubscribe()
+            if self._revert is not None:
+                self._revert.cancel()
             watcher.cancel()
             for task in self._vni_watches.values():
                 task.cancel()
@@ -212,12 +231,8 @@ class NodeAgent:
             return None
         if isinstance(doc, SwitchState):
             return switch_intent(doc)
-        self._overrides = {
-            peer: colour
-            for peer, colour in self._overrides.items()
-            if not (colour == "blue" and peer in doc.blue_peers)  # the controller agrees
-        }
-        return host_intent(doc, self._chunks.values(), self._overrides)
+        self.overrides.agree(set(doc.blue_peers))  # the controller's plan says the same now
+        return host_intent(doc, self._chunks.values(), self.overrides.colours())
 
     async def _driver_for(self, kind: str) -> NetlinkDatapath:
         if self._driver is None or self._driver_kind != kind:
@@ -261,7 +276,7 @@ class NodeAgent:
         s.last_changes = len(result.applied)
         s.last_errors = [e.message for e in result.errors]
         s.last_seconds = result.seconds
-        s.overrides = dict(self._overrides)
+        s.overrides = dict(self.overrides.colours())
         RECONCILES.labels(self.node, result.driver, "ok" if result.ok else "error").inc()
         RECONCILE_SECONDS.observe(result.seconds)
         APPLIED_REVISION.labels(self.node).set(result.revision)
@@ -309,15 +324,70 @@ class NodeAgent:
         task.add_done_callback(self._flips.discard)
 
     async def flip(self, peer: str, colour: ColourName, reason: str) -> float:
-        """Send traffic toward `peer` on `colour` now. Returns the seconds the kernel took."""
+        """Send traffic toward `peer` on `colour` now (the agent's own decision)."""
+        return await self.flip_many([peer], colour, reason, tier="source")
+
+    async def on_command(self, command: FlipCommand) -> None:
+        """Pathcomp's urgent flips, and its word that re-protection is done."""
+        received = utcnow()
+        if command.kind == "reprotected":
+            first = self.overrides.reprotected(command.peers, command.plan_revision, time.time())
+            if first is not None:
+                self._schedule_revert(first)
+            return
+        if command.colour is None:
+            return
+        trace = command.trace
+        if trace is not None:
+            trace = trace.then("agent_received", self.node, at=received)
+        try:
+            await self.flip_many(command.peers, command.colour, f"central: {command.element}",
+                                 tier="central", trace=trace,
+                                 plan_revision=command.plan_revision)  # fmt: skip
+        except (LookupError, RuntimeError) as exc:
+            log.warning("central_flip_not_done", node=self.node, error=str(exc))
+
+    def _schedule_revert(self, at: float) -> None:
+        if self._revert is not None:
+            self._revert.cancel()
+        delay = max(0.0, at - time.time())
+        self._revert = asyncio.get_running_loop().call_later(delay, self._revert_due)
+
+    def _revert_due(self) -> None:
+        self._revert = None
+        gone = self.overrides.due(time.time())
+        if gone:
+            log.info("failover_reverted", node=self.node, peers=gone[:20], count=len(gone))
+            self._dirty.set()  # reconcile: the preferred colour, as the desired state says
+        pending = [o.revert_at for o in self.overrides.by_peer.values() if o.revert_at]
+        if pending:
+            self._schedule_revert(min(pending))
+
+    async def flip_many(
+        self,
+        peers: list[str],
+        colour: ColourName,
+        reason: str,
+        *,
+        tier: FailoverTier,
+        trace: Trace | None = None,
+        plan_revision: int | None = None,
+    ) -> float:
+        """Send traffic toward `peers` on `colour` now, in as few kernel messages as the
+        driver allows. Returns the seconds the kernel took."""
         async with self._lock:
             before = self._last_intent
             if not isinstance(before, HostIntent) or self._driver is None:
                 raise RuntimeError(f"{self.node}: no host datapath to fail over yet")
-            previous = next((p.colour for p in before.peers if p.host == peer), None)
-            if previous is None:
-                raise LookupError(f"{self.node} has no peer host {peer!r}")
-            self._overrides[peer] = colour
+            current = {p.host: p.colour for p in before.peers}
+            moving = [p for p in peers if p in current and current[p] != colour]
+            unknown = [p for p in peers if p not in current]
+            if unknown and len(unknown) == len(peers):
+                raise LookupError(f"{self.node} has no peer host {unknown[0]!r}")
+            revision = plan_revision if plan_revision is not None else (before.revision or 0)
+            self.overrides.put(peers, colour, reason, tier, revision, time.time())
+            if not moving:
+                return 0.0
             after = self.intent()
             assert isinstance(after, HostIntent)
             driver = self._driver
@@ -328,11 +398,17 @@ class NodeAgent:
             self._last_intent = after
         FLIPS.labels(self.node).inc()
         if report.errors:
-            log.error("failover_errors", node=self.node, peer=peer,
+            log.error("failover_errors", node=self.node, peers=moving[:10],
                       errors=[e.message for e in report.errors])  # fmt: skip
-        with contextlib.suppress(Exception):
-            event = FailoverEvent(node=self.node, peer=peer, from_colour=previous,
-                                  to_colour=colour, at=utcnow(), reason=reason)  # fmt: skip
+        if trace is not None:
+            trace = trace.then("agent_applied", self.node)
+        log.info("failover", node=self.node, tier=tier, to=colour, peers=moving[:10],
+                 count=len(moving), kernel_ms=round(seconds * 1000, 3),
+                 trace=trace.id if trace else None)  # fmt: skip
+        with contextlib.suppress(Exception):  # a lost event costs the history, not the flip
+            event = FailoverEvent(node=self.node, peers=moving, from_colour=current[moving[0]],
+                                  to_colour=colour, at=utcnow(), reason=reason, tier=tier,
+                                  kernel_ms=seconds * 1000, trace=trace)  # fmt: skip
             await self.bus.publish(event)
         return seconds
 

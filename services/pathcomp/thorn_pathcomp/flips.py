@@ -1,0 +1,139 @@
+"""The central fast path: which sources must flip which peers when a link fails (pure).
+
+When health reports a link down, the (source host, peer) pairs whose *active* colour
+crosses it are moved to their other colour at once, by one urgent message per source host,
+before any re-protection is computed or written. The pairs come from the served plan:
+
+- a link is crossed by colour `c` toward destination group `g` below the switch `v` whose
+  route of that colour takes it (or, for a host link, below the attachment switch whose
+  last hop it is); the switches whose `c` path passes `v` are `v`'s subtree in that tree
+  (children lists kept with the trees);
+- a source group is hit when its egress switch of colour `c` is in that subtree, or when
+  its own egress of colour `c` is the failed host link;
+- a pair is flipped only if the other colour's path does not cross the link too (a flip
+  would not help: that is a shared risk, reported by the plan);
+- the active colour toward a peer is what the host's document says: blue for the peers in
+  its `blue_peers`, red otherwise.
+
+`plan.users` (edge -> groups whose trees take it) keeps the search to the destinations
+the link matters for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from thorn.desired import ColourName
+from thorn_pathcomp.desired import DesiredStates
+from thorn_pathcomp.graph import Group, SwitchId
+from thorn_pathcomp.trees import HOST, Colour, GroupTrees
+
+__all__ = ["Flip", "link_flips"]
+
+
+@dataclass(frozen=True)
+class Flip:
+    """One source host's urgent move: traffic toward `peers` goes on `colour` now."""
+
+    node: str
+    peers: tuple[str, ...]
+    colour: ColourName
+
+
+def _children(trees: GroupTrees, colour: Colour) -> list[list[SwitchId]]:
+    """Per switch, the switches whose `colour` next hop is it (kept with the trees)."""
+    key = (-1, int(colour))  # not a graph state: the trees' own structure
+    hit = trees.derived.get(key)
+    if hit is not None:
+        found = hit[1]
+        assert isinstance(found, list)
+        return found
+    children: list[list[SwitchId]] = [[] for _ in trees.level]
+    for v, hop in enumerate(trees.next[colour]):
+        if hop is not None and hop.switch != HOST:
+            children[hop.switch].append(v)
+    trees.derived[key] = (None, children)
+    return children
+
+
+def _subtree(trees: GroupTrees, colour: Colour, top: SwitchId) -> set[SwitchId]:
+    children = _children(trees, colour)
+    out, stack = {top}, [top]
+    while stack:
+        for child in children[stack.pop()]:
+            if child not in out:
+                out.add(child)
+                stack.append(child)
+    return out
+
+
+def _crossing(trees: GroupTrees, colour: Colour, edge: int | None, at: SwitchId | None) -> set[int]:
+    """Switches whose `colour` path takes switch edge `edge`, or ends at `at`'s host link."""
+    tops = [v for v, hop in enumerate(trees.next[colour]) if hop is not None and (
+        (edge is not None and hop.edge == edge and hop.switch != HOST)
+        or (at is not None and v == at and hop.switch == HOST))]  # fmt: skip
+    out: set[int] = set()
+    for top in tops:
+        out |= _subtree(trees, colour, top)
+    return out
+
+
+def link_flips(states: DesiredStates, link_id: int) -> list[Flip]:
+    """The urgent flips for link `link_id` failing, per source host (sorted)."""
+    plan = states.plan
+    graph = plan.graph
+    edge = graph.edge_of_link.get(link_id)
+    attachment = graph.host_links.get(link_id)
+    if edge is not None:
+        destinations: Iterable[Group] = sorted(plan.users.get(edge, ()))
+        at: SwitchId | None = None
+    elif attachment is not None:
+        destinations = [g for g in plan.trees if attachment.switch in g]
+        at = attachment.switch
+    else:
+        return []
+    # (source hosts, destination hosts, the colour cut), per pair of groups hit
+    hit: list[tuple[list[str], set[str], Colour]] = []
+    only = {attachment.host} if attachment is not None else None  # a host link: its host
+    for group in destinations:
+        trees = plan.trees[group]
+        crossing = [_crossing(trees, c, edge, at) for c in (Colour.red, Colour.blue)]
+        for source, hosts in graph.groups.items():
+            starts = plan.egress(source, group) if source else None
+            if starts is None:
+                continue
+            cut = [starts[c] in crossing[c] for c in (Colour.red, Colour.blue)]
+            if cut[0] != cut[1]:
+                targets = set(graph.groups.get(group, [])) if only is None else only
+                hit.append((hosts, targets, Colour.red if cut[0] else Colour.blue))
+    if attachment is not None:  # the source side: a multi-homed host's own uplink
+        source = graph.group_of(attachment.host)
+        for group in plan.trees if len(source) > 1 else ():
+            starts = plan.egress(source, group)
+            if starts is not None and (starts[0] == at) != (starts[1] == at):
+                colour = Colour.red if starts[0] == at else Colour.blue
+                hit.append(([attachment.host], set(graph.groups.get(group, [])), colour))
+    return _per_host(states, hit)
+
+
+def _per_host(states: DesiredStates, hit: list[tuple[list[str], set[str], Colour]]) -> list[Flip]:
+    """Turn the hit (sources, destinations, colour) into flips of each source's peers
+    among the destinations whose active colour is the one cut."""
+    by_source: dict[str, dict[ColourName, set[str]]] = {}
+    for sources, destinations, colour in hit:
+        for host in sources:
+            document = states.hosts.get(host)
+            if document is None:
+                continue
+            blue = set(document["blue_peers"])
+            for peer in states.peers_of(host) & destinations:
+                active = Colour.blue if peer in blue else Colour.red
+                if active == colour:
+                    to: ColourName = "blue" if colour is Colour.red else "red"
+                    by_source.setdefault(host, {}).setdefault(to, set()).add(peer)
+    return [
+        Flip(host, tuple(sorted(peers)), colour)
+        for host, moves in sorted(by_source.items())
+        for colour, peers in sorted(moves.items())
+    ]

@@ -1,0 +1,116 @@
+"""A host agent's failover overrides: peers it sends on another colour than its desired
+state says, because a flip (its own BFD, or pathcomp's urgent message) moved them there.
+
+Rules (time is an argument: tests drive a fake clock):
+
+- A flip sets an override per peer, remembering why, when, and the plan revision it was
+  decided on.
+- The controller agreeing clears it: the desired state itself now puts the peer on that
+  colour (`agree`).
+- Re-protection clears it, for a revertive policy only: pathcomp says a plan newer than the
+  flip makes the preferred colour safe again (`reprotected`); once that has held for the
+  hold-down, the override goes (`due`) and traffic moves back. A non-revertive policy stays
+  on the other colour until that one fails in turn.
+- Overrides are kept in a small JSON file, so an agent restarted mid-failover does not
+  move traffic back onto a path that is still broken.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import structlog
+
+from thorn.desired import ColourName
+
+log = structlog.get_logger("thorn.programmer")
+
+__all__ = ["Override", "Overrides"]
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    colour: ColourName
+    reason: str
+    tier: str  # "source" (the agent's own BFD) or "central" (pathcomp)
+    plan_revision: int  # the plan the flip was decided on
+    since: float  # wall-clock seconds
+    revert_at: float | None = None  # revertive: when it may go (set by re-protection)
+
+
+class Overrides:
+    def __init__(self, path: Path | None, *, revertive: bool, hold_down: float) -> None:
+        self.path = path
+        self.revertive = revertive
+        self.hold_down = hold_down
+        self.by_peer: dict[str, Override] = self._load()
+
+    def colours(self) -> dict[str, ColourName]:
+        return {peer: o.colour for peer, o in self.by_peer.items()}
+
+    def put(self, peers: list[str], colour: ColourName, reason: str, tier: str,
+            plan_revision: int, now: float) -> None:  # fmt: skip
+        for peer in peers:
+            self.by_peer[peer] = Override(colour, reason, tier, plan_revision, now)
+        self._save()
+
+    def agree(self, blue_peers: set[str]) -> None:
+        """Drop the overrides the desired state now agrees with."""
+        kept = {
+            peer: o
+            for peer, o in self.by_peer.items()
+            if (o.colour == "blue") != (peer in blue_peers)
+        }
+        if len(kept) != len(self.by_peer):
+            self.by_peer = kept
+            self._save()
+
+    def reprotected(self, peers: list[str], plan_revision: int, now: float) -> float | None:
+        """Plan `plan_revision` makes `peers`' preferred colour safe again: revertive
+        overrides decided on an older plan may go after the hold-down. Returns when the
+        first may go (None: nothing to revert)."""
+        if not self.revertive:
+            return None
+        at = now + self.hold_down
+        for peer in peers:
+            o = self.by_peer.get(peer)
+            if o is not None and o.plan_revision < plan_revision:
+                self.by_peer[peer] = replace(o, revert_at=at)
+        self._save()
+        due = [o.revert_at for o in self.by_peer.values() if o.revert_at is not None]
+        return min(due) if due else None
+
+    def due(self, now: float) -> list[str]:
+        """Remove and return the overrides whose hold-down has passed."""
+        gone = [p for p, o in self.by_peer.items() if o.revert_at and o.revert_at <= now]
+        for peer in gone:
+            del self.by_peer[peer]
+        if gone:
+            self._save()
+        return gone
+
+    # --- the file ----------------------------------------------------------------------------
+
+    def _load(self) -> dict[str, Override]:
+        if self.path is None or not self.path.exists():
+            return {}
+        try:
+            raw = json.loads(self.path.read_text())
+            return {peer: Override(**fields) for peer, fields in raw.items()}
+        except (OSError, ValueError, TypeError) as exc:
+            log.error("overrides_unreadable", path=str(self.path), error=str(exc))
+            return {}
+
+    def _save(self) -> None:
+        if self.path is None:
+            return
+        tmp = self.path.with_suffix(".tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({p: asdict(o) for p, o in self.by_peer.items()}))
+            os.replace(tmp, self.path)  # atomic: a crash leaves the old file or the new one
+        except OSError as exc:
+            log.error("overrides_not_saved", path=str(self.path), error=str(exc))
