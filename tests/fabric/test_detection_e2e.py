@@ -211,7 +211,10 @@ async def test_carrier_loss_is_detected_replanned_recorded_and_closed(system: Fa
     down = await f.until(lambda: f.link_events(cut, "down", t0), 5, "health: link down")
     print(f"\ncarrier cut -> health.link.{cut} down: {(down[0] - t0) / 1e6:.1f} ms")
     report = await asyncio.to_thread(flow.wait)
-    assert 0 < report.lost < report.sent // 2 and report.lost_ranges_total == 1, report.lost_ranges
+    # The switches' kernels move to the routes' backups by themselves (docs/datapath.md,
+    # "Switch-local repair"): the cut may cost no packet at all, and never a second gap.
+    print(f"carrier cut -> {report.lost} packets lost")
+    assert report.lost < report.sent // 2 and report.lost_ranges_total <= 1, report.lost_ranges
 
     failures = await _failures(f, cut)
     assert failures and failures[0].source_kind == "carrier" and failures[0].ended_at is None
@@ -259,7 +262,7 @@ async def test_a_failure_only_the_source_can_see_is_repaired_by_its_own_flip(
 
 
 @pytest.mark.parametrize("system", ["links"], indirect=True)
-async def test_a_silent_drop_is_seen_by_link_bfd_and_replanned_centrally(
+async def test_a_silent_drop_is_seen_by_link_bfd_and_flipped_centrally(
     system: Fabric_,
 ) -> None:
     f = system
@@ -272,7 +275,11 @@ async def test_a_silent_drop_is_seen_by_link_bfd_and_replanned_centrally(
     assert source.startswith("bfd:")
     report = await asyncio.to_thread(flow.wait)
     assert 0 < report.lost < report.sent // 2 and report.lost_ranges_total == 1, report.lost_ranges
-    assert not [e for at, e in f.failovers if at >= t0]  # no peer sessions: no local flip
+    moved = [e for at, e in f.failovers if at >= t0]
+    # No peer sessions, so no source-local flip: what moved host1 was pathcomp's urgent flip,
+    # carrying the trace that began with the link BFD's detection.
+    assert moved and {e.tier for e in moved} == {"central"}
+    assert any(e.node == "host1" and e.trace and e.trace.hops[0].step == "detected" for e in moved)
 
 
 async def test_health_restarts_without_a_false_down(system: Fabric_) -> None:

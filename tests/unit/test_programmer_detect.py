@@ -15,7 +15,7 @@ from thorn.desired import ColourName
 from thorn.events import BfdReport
 from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, State
 from thorn_programmer.detect import BfdSessions, Discriminators, WantedSession, wanted_sessions
-from thorn_programmer.intent import HostIntent, Peer, SwitchIntent, UnderlayRoute
+from thorn_programmer.intent import HostIntent, NextHop, Peer, SwitchIntent, UnderlayRoute
 
 TEPS: dict[ColourName, str] = {"red": "10.224.0.1", "blue": "10.240.0.1"}
 
@@ -238,3 +238,87 @@ async def test_a_session_that_comes_up_while_it_is_being_added_stays_up() -> Non
     assert s.states[red] is State.UP and s.states[blue] is State.UP
     s.event(event(red, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
     assert [f[:2] for f in node.flips] == [("host2", "blue")]
+
+
+def switch_routes() -> SwitchIntent:
+    backup = NextHop("swp3", "10.0.0.5")
+    return SwitchIntent("leaf1", 1, (
+        UnderlayRoute("10.224.0.16/32", "swp1", "10.0.0.1", backup),
+        UnderlayRoute("10.240.0.16/32", "swp2", "10.0.0.3"),
+    ))  # fmt: skip
+
+
+class Repairs:
+    """The switch side: withdraws and restores are recorded as (op, port)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def sessions(self, manager: FakeManager) -> BfdSessions:
+        return BfdSessions(
+            "leaf1", "ns-leaf1", manager, Discriminators(), mode="links", interval_ms=10,
+            multiplier=3, report=lambda _: None, colour_of=lambda _: None,
+            flip=lambda *_: None,
+            withdraw=lambda port, why: self.calls.append(("withdraw", port)),
+            restore=lambda port, why: self.calls.append(("restore", port)),
+        )  # fmt: skip
+
+
+def link_of(s: BfdSessions, port: str) -> int:
+    return next(d for k, d in s.sessions.items() if k.ifname == port)
+
+
+def test_a_switch_watches_the_link_of_each_backup_too() -> None:
+    assert wanted_sessions(switch_routes(), "links") == {
+        WantedSession("10.0.0.1", None, "swp1", False),
+        WantedSession("10.0.0.3", None, "swp2", False),
+        WantedSession("10.0.0.5", None, "swp3", False),  # carries no primary
+    }
+
+
+async def test_a_link_session_going_down_withdraws_its_port_and_coming_up_restores_it() -> None:
+    manager, repairs = FakeManager(), Repairs()
+    s = repairs.sessions(manager)
+    await s.update(switch_routes())
+    swp1 = link_of(s, "swp1")
+    s.event(event(swp1, State.DOWN, State.UP))
+    s.event(event(swp1, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
+    s.event(event(swp1, State.DOWN, State.INIT))
+    s.event(event(swp1, State.INIT, State.UP))
+    # Up is passed on every time (a restore of a port that is not withdrawn does nothing).
+    assert repairs.calls == [("restore", "swp1"), ("withdraw", "swp1"), ("restore", "swp1")]
+
+
+@pytest.mark.parametrize(
+    ("why", "old", "remote"),
+    [
+        ("the peer said AdminDown: a stop, not a failure", State.UP, State.ADMIN_DOWN),
+        ("it never was Up: nothing is known to have failed", State.INIT, State.UP),
+    ],
+)
+async def test_no_withdraw_when(why: str, old: State, remote: State) -> None:
+    manager, repairs = FakeManager(), Repairs()
+    s = repairs.sessions(manager)
+    await s.update(switch_routes())
+    s.event(event(link_of(s, "swp1"), old, State.DOWN, Diag.NEIGHBOR_SIGNALED_SESSION_DOWN,
+                  remote))  # fmt: skip
+    assert repairs.calls == [], why
+
+
+async def test_a_multihop_session_going_down_withdraws_no_port() -> None:
+    manager, repairs = FakeManager(), Repairs()
+    s = repairs.sessions(manager)
+    s.mode = "all"
+    await s.update(host_intent(peer("host2", 2)))
+    red = disc_of(s, "host2", "red")
+    s.event(event(red, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
+    assert repairs.calls == []
+
+
+async def test_a_removed_link_session_ends_its_ports_withdrawal() -> None:
+    manager, repairs = FakeManager(), Repairs()
+    s = repairs.sessions(manager)
+    await s.update(switch_routes())
+    renumbered = SwitchIntent("leaf1", 2, (UnderlayRoute("10.224.0.16/32", "swp1", "10.0.9.1"),))
+    await s.update(renumbered)  # swp1 faces another neighbour: its old session goes
+    assert repairs.calls == [("restore", "swp1")]

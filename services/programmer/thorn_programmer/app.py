@@ -21,11 +21,12 @@ from pydantic import BaseModel, ConfigDict
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.telemetry import instrument
-from thorn_programmer.agent import AgentStatus, NodeAgent
+from thorn_programmer.agent import AgentStatus, DriverFactory, NodeAgent
 from thorn_programmer.bfd import BfdProcess, EventQueue
 from thorn_programmer.bfd.manager import SessionStatus
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
+from thorn_programmer.repair import LocalRepair
 from thorn_programmer.reports import Reporter
 
 log = structlog.get_logger("thorn.programmer")
@@ -94,9 +95,14 @@ async def supervised(
 
 def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     served = nodes_to_serve(settings)
+    # Per node, for the life of the process: a switch's BFD withdraws outlive its agent.
+    repairs = {node: LocalRepair(node) for node, _ in served}
 
-    def drivers(kind: str, netns: str | None) -> AbstractAsyncContextManager[NetlinkDatapath]:
-        return open_driver(kind, netns, settings.datapath)
+    def drivers_of(node: str) -> DriverFactory:
+        def drivers(kind: str, netns: str | None) -> AbstractAsyncContextManager[NetlinkDatapath]:
+            return open_driver(kind, netns, settings.datapath, repairs[node])
+
+        return drivers
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -107,7 +113,9 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 stack.push_async_callback(the_bus.close)
                 await the_bus.ensure_streams()
             kv = await the_bus.desired_state()
-            agents = [NodeAgent(node, kv, the_bus, drivers, netns) for node, netns in served]
+            agents = [
+                NodeAgent(node, kv, the_bus, drivers_of(node), netns) for node, netns in served
+            ]
             reporters = [
                 Reporter(node, the_bus, netns, period=settings.report_seconds)
                 for node, netns in served
@@ -128,7 +136,9 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
             app.state.reporters = reporters
             app.state.bfd = None
             if settings.bfd_sessions != "off":
-                app.state.bfd = await _start_bfd(settings, stack, agents, reporters, served)
+                app.state.bfd = await _start_bfd(
+                    settings, stack, agents, reporters, served, repairs
+                )
             log.info("programmer_ready", nodes=len(agents), datapath=settings.datapath,
                      bfd=settings.bfd_sessions)  # fmt: skip
             try:
@@ -174,9 +184,11 @@ async def _start_bfd(
     agents: list[NodeAgent],
     reporters: list[Reporter],
     served: list[tuple[str, str | None]],
+    repairs: dict[str, LocalRepair],
 ) -> BfdProcess:
     """One BFD process for every node of this process; each agent's sessions follow what it
-    applied, report to health and may flip a peer (thorn_programmer.detect)."""
+    applied, report to health and may flip a peer or, on a switch, withdraw a failed link's
+    primaries (thorn_programmer.detect, thorn_programmer.repair)."""
     events = EventQueue()
     # In a child process: a BFD thread here would wait for the GIL behind the agents' work,
     # and 10 ms timers then run late (docs/bfd.md).
@@ -190,6 +202,7 @@ async def _start_bfd(
             agent.node, netns, manager, discriminators, mode=settings.bfd_sessions,
             interval_ms=settings.bfd_interval_ms, multiplier=settings.bfd_multiplier,
             report=reporter.bfd, colour_of=agent.colour_of, flip=agent.flip_soon,
+            withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
         )  # fmt: skip
         agent.on_applied.append(sessions.update)
         nodes.append(sessions)

@@ -1,9 +1,12 @@
 """BFD sessions a node's agent runs, derived from what it was told to program.
 
 - *links* (RFC 5881 single-hop): one session per fabric port that carries (or once carried)
-  underlay routes, to the neighbour's address on that link (`Route.via`). A silent failure
-  of the link (carrier up, packets lost) shows here; health maps it to the link by (node,
-  port). The session stays when traffic moves off the link, so its recovery is seen too.
+  underlay routes or a route's backup, to the neighbour's address on that link (`Route.via`).
+  A silent failure of the link (carrier up, packets lost) shows here; health maps it to the
+  link by (node, port). The session stays when traffic moves off the link, so its recovery
+  is seen too. On a switch, a link session going from Up to Down also withdraws the primaries
+  through that port at once (`withdraw`: repair.LocalRepair), leaving their backups to carry
+  the traffic; Up again (or the session removed) restores them (`restore`).
 - *peers* (RFC 5883 multihop): on a host, one session per peer host and colour, from this
   host's TEP of that colour to the peer's. A TEP's prefix is routed along its colour's tree,
   so each session watches exactly the path its colour's traffic takes. When the session of
@@ -68,10 +71,14 @@ def wanted_sessions(intent: Intent | None, mode: Mode) -> frozenset[WantedSessio
         return frozenset()
     wanted: set[WantedSession] = set()
     if mode in ("links", "all"):
+        # A backup's link is watched too: a backup that fails silently would only be found
+        # when the primary fails.
+        hops = [(r.dev, r.via) for r in intent.routes]
+        hops += [(r.backup.dev, r.backup.via) for r in intent.routes if r.backup is not None]
         wanted |= {
-            WantedSession(peer=r.via, local=None, ifname=r.dev, multihop=False)
-            for r in intent.routes
-            if r.via is not None
+            WantedSession(peer=via, local=None, ifname=dev, multihop=False)
+            for dev, via in hops
+            if via is not None
         }
     if mode in ("peers", "all") and isinstance(intent, HostIntent):
         for peer in intent.peers:
@@ -105,11 +112,18 @@ class Discriminators:
 # What the agent offers the sessions: the colour a peer uses now, and the fast failover.
 ColourOf = Callable[[str], ColourName | None]
 Flip = Callable[[str, ColourName, str], None]
+# A switch's local repair: (port, reason); see repair.LocalRepair.
+PortRepair = Callable[[str, str], None]
+
+
+def _nothing(_port: str, _reason: str) -> None:
+    pass
 
 
 class BfdSessions:
     """One node's sessions in a shared manager: `update` follows each applied intent;
-    `event` (on the agent's loop) reports a change and may start a local failover."""
+    `event` (on the agent's loop) reports a change and may start a local failover (a host's
+    `flip`) or a local repair (a switch's `withdraw` and `restore`; hosts' are no-ops)."""
 
     def __init__(
         self,
@@ -124,6 +138,8 @@ class BfdSessions:
         report: Callable[[BfdReport], None],
         colour_of: ColourOf,
         flip: Flip,
+        withdraw: PortRepair = _nothing,
+        restore: PortRepair = _nothing,
     ) -> None:
         self.node = node
         self.netns = netns
@@ -135,6 +151,8 @@ class BfdSessions:
         self.report = report
         self.colour_of = colour_of
         self.flip = flip
+        self.withdraw = withdraw
+        self.restore = restore
         self.sessions: dict[WantedSession, int] = {}  # -> local discriminator
         self.states: dict[int, State] = {}
         self._by_disc: dict[int, WantedSession] = {}
@@ -155,6 +173,10 @@ class BfdSessions:
                     await asyncio.to_thread(self.manager.remove, disc)
                 self._by_disc.pop(disc, None)
                 self.states.pop(disc, None)
+                if not key.multihop and key.ifname is not None:
+                    # Nothing watches that neighbour any more: no reason to keep its port's
+                    # primaries withdrawn (a no-op if they were not).
+                    self.restore(key.ifname, f"bfd session to {key.peer} removed")
             for key in sorted(wanted - set(self.sessions), key=repr):
                 disc = self.discriminators.take()
                 config = SessionConfig(
@@ -207,8 +229,15 @@ class BfdSessions:
                 detected_at=event.wall,
             )
         )
-        if key.multihop and event.old is State.UP and event.new is State.DOWN and not withdrawn:
+        failed = event.old is State.UP and event.new is State.DOWN and not withdrawn
+        if key.multihop and failed:
             self._fail_over(key, event.diag)
+        elif not key.multihop and key.ifname is not None:
+            if failed:
+                reason = f"bfd to {key.peer} on {key.ifname} down ({event.diag.name.lower()})"
+                self.withdraw(key.ifname, reason)
+            elif event.new is State.UP:
+                self.restore(key.ifname, f"bfd to {key.peer} on {key.ifname} up")
 
     def _fail_over(self, key: WantedSession, diag: Diag) -> None:
         assert key.peer_host is not None and key.colour is not None

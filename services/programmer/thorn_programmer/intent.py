@@ -8,11 +8,15 @@ every remote workload in the node's VNIs with the TEP its traffic is sent to rig
 The active colour toward a peer host is red, unless pathcomp listed the peer in
 `blue_peers` (red cannot reach it), the peer has no red TEP, or the agent itself moved it
 (`overrides`: the local fast failover, which does not wait for the controller).
+
+A switch route may carry a loop-free backup next hop (`NextHop`); the ports whose primaries
+the agent took out itself (BFD Down on the link: `withdrawn`, see repair.py) are part of the
+switch's intent too, so that no reconcile puts those primaries back behind its back.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from thorn.desired import ColourName, HostState, SwitchState, VniMember, VniState
@@ -25,10 +29,17 @@ def other(colour: ColourName) -> ColourName:
 
 
 @dataclass(frozen=True, slots=True)
+class NextHop:
+    dev: str
+    via: str | None
+
+
+@dataclass(frozen=True, slots=True)
 class UnderlayRoute:
     prefix: str
     dev: str
     via: str | None
+    backup: NextHop | None = None  # switches: the loop-free alternate (thorn.desired.Backup)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +75,9 @@ class SwitchIntent:
     node: str
     revision: int
     routes: tuple[UnderlayRoute, ...]
+    # Ports whose primaries are withdrawn locally (their link's BFD session is Down): a route
+    # through one of them that has a backup elsewhere is left to its backup.
+    withdrawn: frozenset[str] = field(default_factory=frozenset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,17 +111,26 @@ def rep_name(vf: str) -> str:
     return f"{vf}_rep"
 
 
-def _routes(state: HostState | SwitchState) -> tuple[UnderlayRoute, ...]:
+def _routes(state: HostState | SwitchState, *, backups: bool) -> tuple[UnderlayRoute, ...]:
     return tuple(
-        UnderlayRoute(prefix=r.prefix, dev=r.port, via=r.via)
+        UnderlayRoute(
+            prefix=r.prefix,
+            dev=r.port,
+            via=r.via,
+            backup=NextHop(r.backup.port, r.backup.via) if backups and r.backup else None,
+        )
         for r in sorted(state.routes, key=lambda r: (r.prefix, r.colour or ""))
     )
 
 
-def switch_intent(state: SwitchState) -> SwitchIntent:
+def switch_intent(state: SwitchState, withdrawn: Collection[str] = ()) -> SwitchIntent:
+    """A switch's routes with their backups. `withdrawn`: ports whose primaries the agent took
+    out on its own (repair.LocalRepair), kept out until their BFD session is Up again."""
     # A switch route per (prefix, colour): the colours' prefixes never overlap, so the prefix
-    # alone names a kernel route.
-    return SwitchIntent(node=state.node, revision=state.plan_revision, routes=_routes(state))
+    # (and the metric: primary or backup) names a kernel route.
+    return SwitchIntent(node=state.node, revision=state.plan_revision,
+                        routes=_routes(state, backups=True),
+                        withdrawn=frozenset(withdrawn))  # fmt: skip
 
 
 def members(chunks: Iterable[VniState]) -> dict[int, list[VniMember] | None]:
@@ -179,7 +202,7 @@ def host_intent(
         node=state.node,
         revision=state.plan_revision,
         teps=dict(state.teps),
-        routes=_routes(state),
+        routes=_routes(state, backups=False),  # a host's uplink routes: one each, no backup
         local=local,
         peers=tuple(peers),
         incomplete=frozenset(incomplete),

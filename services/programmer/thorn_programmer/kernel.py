@@ -1,8 +1,8 @@
 """The kernel objects THORN owns on a node, as values, and the diff between two sets of them.
 
 Drivers render an intent into these objects (pure), read the same objects back from the
-kernel, and apply the difference. Identity (`key`) is structural: a route by its prefix, an
-FDB entry by its MAC, an encap rule by its device and inner destination, so reading back
+kernel, and apply the difference. Identity (`key`) is structural: a route by its prefix and
+metric, an FDB entry by its MAC, an encap rule by its device and inner destination, so reading back
 needs no bookkeeping of our own, and restarting the agent finds its objects again without
 touching them. Kernel-assigned numbers (filter handles, action indexes) ride along in
 fields that equality ignores.
@@ -32,6 +32,11 @@ TEP_DEVICE = "lo"  # the TEPs live on the loopback device (not every kernel has 
 VXLAN_PORT = 4789
 ZERO_MAC = "00:00:00:00:00:00"  # FDB: the flood list (ingress replication)
 BROADCAST_MAC = "ff:ff:ff:ff:ff:ff"
+# Route metrics (RTA_PRIORITY): a route's own next hop, and its loop-free backup, which the
+# kernel uses only while the primary is skipped (its port has no carrier, with
+# ignore_routes_with_linkdown) or gone (its port is admin down, or the agent withdrew it).
+PRIMARY_METRIC = 10
+BACKUP_METRIC = 20
 
 # Priorities inside the band, by role (a lower number is tried first). Priorities are per
 # device: representors carry LOCAL..FLOOD, tunnel devices DECAP..DECAP_FLOOD.
@@ -77,10 +82,13 @@ class Route:
     prefix: str
     dev: str
     via: str | None
+    metric: int  # PRIMARY_METRIC or BACKUP_METRIC (read back: whatever the kernel has)
 
     @property
     def key(self) -> tuple[object, ...]:
-        return ("route", self.prefix)
+        # One prefix can hold a primary and a backup: the metric tells them apart (and is
+        # what the kernel itself matches a replace or delete on).
+        return ("route", self.prefix, self.metric)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Intent -> the kernel objects each driver wants (pure; tested without a kernel).
 
 Three renderings of the same semantics:
-- `switch_objects`: a Linux switch routes each (host, colour) TEP prefix along its tree;
+- `switch_objects`: a Linux switch routes each (host, colour) TEP prefix along its tree, with
+  the route's loop-free backup beside it at a higher metric (the kernel falls back to it);
 - `flower_objects`: the production host datapath (ARCHITECTURE.md "Data plane"): one external
   VXLAN device, flower encap rules on each representor bound to one shared tunnel_key
   action per (peer host, VNI), flower decap rules on the tunnel device;
@@ -18,8 +19,10 @@ from collections.abc import Iterator
 
 from thorn_programmer.intent import HostIntent, Intent, LocalWorkload, Peer, SwitchIntent
 from thorn_programmer.kernel import (
+    BACKUP_METRIC,
     BROADCAST_MAC,
     FLOOD_PARTS,
+    PRIMARY_METRIC,
     PRIO_DECAP,
     PRIO_DECAP_FLOOD,
     PRIO_ENCAP,
@@ -54,13 +57,27 @@ def _host_prefix(address: str) -> str:
     return str(ipaddress.ip_network(address))  # a bare address is its own /32 or /128
 
 
-def _underlay(intent: HostIntent | SwitchIntent) -> Iterator[KernelObject]:
+def _underlay(intent: HostIntent) -> Iterator[KernelObject]:
     for r in intent.routes:
-        yield Route(prefix=r.prefix, dev=r.dev, via=r.via)
+        yield Route(prefix=r.prefix, dev=r.dev, via=r.via, metric=PRIMARY_METRIC)
 
 
 def switch_objects(intent: SwitchIntent) -> list[KernelObject]:
-    return list(_underlay(intent))
+    """Per route its primary at PRIMARY_METRIC and, if it has one, its backup at BACKUP_METRIC.
+    A primary through a withdrawn port is left out while its backup's port is not withdrawn
+    too (with both out, the primary stays: dropping it would gain nothing)."""
+    objects: list[KernelObject] = []
+    for r in intent.routes:
+        backup = r.backup
+        left_to_backup = (
+            backup is not None and r.dev in intent.withdrawn and backup.dev not in intent.withdrawn
+        )
+        if not left_to_backup:
+            objects.append(Route(prefix=r.prefix, dev=r.dev, via=r.via, metric=PRIMARY_METRIC))
+        if backup is not None:
+            objects.append(Route(prefix=r.prefix, dev=backup.dev, via=backup.via,
+                                 metric=BACKUP_METRIC))  # fmt: skip
+    return objects
 
 
 def _teps(intent: HostIntent) -> Iterator[KernelObject]:

@@ -4,7 +4,8 @@
   VXLAN device, flower encap/decap, shared tunnel_key actions;
 - `EmulationDriver`: hosts on kernels without cls_flower/act_tunnel_key: a VXLAN device
   per VNI, u32 + mirred, a static FDB entry per peer;
-- `SwitchRouteDriver`: Linux switches: /32 or prefix routes per (host, colour).
+- `SwitchRouteDriver`: Linux switches: /32 or prefix routes per (host, colour), each with
+  its loop-free backup at a higher metric.
 
 `open_driver(kind, netns, choice)` opens the right one for a node. With choice "auto" a host
 gets flower when the kernel has it: `probe_flower` asks the kernel itself (a tunnel_key
@@ -19,7 +20,7 @@ import contextlib
 import ipaddress
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import structlog
 from pyroute2 import AsyncIPRoute
@@ -42,6 +43,9 @@ from thorn_programmer.netlink import (
     filter_delete,
 )
 from thorn_programmer.render import FLOWER_TUNNEL
+
+if TYPE_CHECKING:
+    from thorn_programmer.repair import LocalRepair  # which imports the switch driver
 
 __all__ = ["DatapathChoice", "NetlinkDatapath", "open_driver", "probe_flower"]
 
@@ -102,11 +106,21 @@ async def _probe(netns: str | None) -> tuple[bool, str]:
 
 @asynccontextmanager
 async def open_driver(
-    kind: str, netns: str | None, choice: DatapathChoice = "auto"
+    kind: str, netns: str | None, choice: DatapathChoice = "auto", repair: LocalRepair | None = None
 ) -> AsyncIterator[NetlinkDatapath]:
+    """`repair`: the node's switch-local repair (BFD withdraws), which a switch's driver
+    serves while it is open."""
     if kind == "switch":
         async with SwitchRouteDriver.open(netns) as driver:
-            yield driver
+            assert isinstance(driver, SwitchRouteDriver)
+            if repair is None:
+                yield driver
+                return
+            repair.attach(driver)
+            try:
+                yield driver
+            finally:
+                repair.detach(driver)
         return
     flower = choice == "flower"
     if choice == "auto":

@@ -63,5 +63,5 @@ class EmulationDriver(NetlinkDatapath):
     def _message(self, change: Change) -> bytes | None:
         obj = change.obj
         if not isinstance(obj, Fdb):
-            return None
+            return super()._message(change)  # routes
         return fdb_message(change.op, self.index_of(obj.dev, obj), obj)

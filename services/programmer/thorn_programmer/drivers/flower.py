@@ -173,7 +173,7 @@ class FlowerDriver(NetlinkDatapath):
                 return self._filter_message(change)
             case StrayRule():
                 return filter_delete(self._filter_at(obj.dev, obj.prio, obj.handle, obj))
-        return None
+        return super()._message(change)  # routes
 
     def _tunnel_key(self, t: TunnelAction, index: int) -> TunnelKeySet:
         return TunnelKeySet(

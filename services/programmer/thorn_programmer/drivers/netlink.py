@@ -7,9 +7,9 @@ in production, a lab namespace in emulation). Drivers add their own rule kinds t
 
 Each change is applied on its own; a failure (a missing device, a kernel refusal) becomes an
 `ApplyError` in the report, carrying the kernel's message, and the rest is still applied.
-Changes a driver can prebuild as one message (`_message`: FDB entries, tc rules and actions)
-go out in batches, many per sendmsg (`TcSocket.send_batch`), in order; the kernel's refusals
-come back with their position and land on the right change.
+Changes a driver can prebuild as one message (`_message`: routes, FDB entries, tc rules and
+actions) go out in batches, many per sendmsg (`TcSocket.send_batch`), in order; the kernel's
+refusals come back with their position and land on the right change.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -31,6 +31,7 @@ from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
 from thorn.desired import TEP_LABEL
 from thorn.lab.netns import run_in_netns
 from thorn_programmer import u32
+from thorn_programmer.drivers.routes import route_message
 from thorn_programmer.intent import Intent
 from thorn_programmer.kernel import (
     PRIO_BAND,
@@ -53,7 +54,6 @@ from thorn_programmer.netlink import TcBatchError, TcError, TcSocket
 
 CHUNK = 1024  # prebuilt messages per batch handed to the sender
 MAIN_TABLE = 254
-SCOPE_LINK = 253
 NUD_NOARP_PERMANENT = 0xC0
 NTF_SELF = 0x02
 ADDR_GEN_MODE_NONE = 1
@@ -68,6 +68,10 @@ class MissingDevice(LookupError):
         self.dev = dev
 
 
+# What one batch's send came back with: its sendmsg calls, and the refusals if any.
+Sent = tuple[int, TcBatchError | None]
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyError:
     change: Change
@@ -79,6 +83,7 @@ class ApplyError:
 class ApplyReport:
     applied: list[Change] = field(default_factory=list)
     errors: list[ApplyError] = field(default_factory=list)
+    sendmsgs: int = 0  # sendmsg calls that carried the prebuilt messages
 
 
 def owned_prio(prio: int) -> bool:
@@ -161,8 +166,10 @@ class NetlinkDatapath:
                 if r["proto"] != RTPROT_THORN:
                     continue
                 via = r.get("RTA_GATEWAY")
+                # IPv4 leaves RTA_PRIORITY out for metric 0 (routes of older versions)
                 objects.append(Route(prefix=_prefix(r.get("RTA_DST"), r["dst_len"], family),
-                                     dev=names.get(r.get("RTA_OIF"), "?"), via=via))  # fmt: skip
+                                     dev=names.get(r.get("RTA_OIF"), "?"), via=via,
+                                     metric=r.get("RTA_PRIORITY") or 0))  # fmt: skip
         self.clsact_devices = []
         async for q in await self.ip.tc("dump"):
             if q.get("TCA_KIND") == "clsact" and q["index"] in names:
@@ -221,7 +228,7 @@ class NetlinkDatapath:
         batch: list[tuple[Change, bytes]] = []
         # Full chunks go out while the next are built: the kernel works (in sendmsg, without
         # the GIL) while Python encodes. One sender thread keeps them in order.
-        sending: list[tuple[list[tuple[Change, bytes]], asyncio.Future[TcBatchError | None]]] = []
+        sending: list[tuple[list[tuple[Change, bytes]], asyncio.Future[Sent]]] = []
         for change in changes:
             try:
                 message = self._message(change)
@@ -253,24 +260,24 @@ class NetlinkDatapath:
         await self._collect(sending, report)
         return report
 
-    def _send(self, batch: list[tuple[Change, bytes]]) -> asyncio.Future[TcBatchError | None]:
+    def _send(self, batch: list[tuple[Change, bytes]]) -> asyncio.Future[Sent]:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._sender, self._send_now, [m for _, m in batch])
 
-    def _send_now(self, messages: list[bytes]) -> TcBatchError | None:
+    def _send_now(self, messages: list[bytes]) -> Sent:
         try:
-            self.tc.send_batch(messages)
+            return self.tc.send_batch(messages), None
         except TcBatchError as exc:
-            return exc  # carried back to _collect, which knows the changes
-        return None
+            return exc.sendmsgs, exc  # carried back to _collect, which knows the changes
 
     async def _collect(
         self,
-        sending: list[tuple[list[tuple[Change, bytes]], asyncio.Future[TcBatchError | None]]],
+        sending: list[tuple[list[tuple[Change, bytes]], asyncio.Future[Sent]]],
         report: ApplyReport,
     ) -> None:
         for batch, future in sending:
-            failure = await future
+            calls, failure = await future
+            report.sendmsgs += calls
             refused: dict[int, TcError] = {}
             if failure is not None:
                 refused = {e.index: e for e in failure.errors if e.index is not None}
@@ -282,7 +289,13 @@ class NetlinkDatapath:
         sending.clear()
 
     def _message(self, change: Change) -> bytes | None:
-        """The change as one prebuilt netlink message, for a batch; None: apply it alone."""
+        """The change as one prebuilt netlink message, for a batch; None: apply it alone.
+        Drivers with rule kinds of their own extend this (and pass the rest up)."""
+        obj = change.obj
+        if isinstance(obj, Route):
+            if change.op == "delete":  # a route whose device is gone is deleted without it
+                return route_message("delete", obj, self.ifindex.get(obj.dev))
+            return route_message(change.op, obj, self.index_of(obj.dev, obj))
         return None
 
     def index_of(self, dev: str, what: KernelObject) -> int:
@@ -298,8 +311,6 @@ class NetlinkDatapath:
                 await self._apply_device(change, obj)
             case Address():
                 await self._apply_address(change, obj)
-            case Route():
-                await self._apply_route(change, obj)
             case Clsact():
                 await self.ip.tc("add", "clsact", self.index_of(obj.dev, obj))
             case Redirect():
@@ -343,14 +354,6 @@ class NetlinkDatapath:
                            prefixlen=net.network.prefixlen,
                            **({"label": TEP_LABEL} if net.version == 4 else {}))  # fmt: skip
 
-    async def _apply_route(self, change: Change, obj: Route) -> None:
-        if change.op == "delete":
-            await self.ip.route("del", dst=obj.prefix, proto=RTPROT_THORN, table=MAIN_TABLE)
-            return
-        kwargs: dict[str, Any] = {"gateway": obj.via} if obj.via else {"scope": SCOPE_LINK}
-        await self.ip.route("replace", dst=obj.prefix, oif=self.index_of(obj.dev, obj),
-                            proto=RTPROT_THORN, table=MAIN_TABLE, **kwargs)  # fmt: skip
-
     async def _apply_redirect(self, change: Change, obj: Redirect) -> None:
         index = self.index_of(obj.dev, obj)
         if change.op in ("replace", "delete"):
@@ -381,13 +384,23 @@ class NetlinkDatapath:
 
     async def sysctl(self, path: str, value: str) -> None:
         """Write /proc/sys/<path> in this datapath's namespace (a thread that enters it)."""
-        await asyncio.to_thread(_write_sysctl, self.netns, path, value)
+        await self.sysctls({path: value})
+
+    async def sysctls(self, values: Mapping[str, str], *, optional: Collection[str] = ()) -> None:
+        """Write several /proc/sys paths in one visit to the namespace; a path in `optional`
+        that does not exist (a device gone since, no IPv6) is skipped."""
+        await asyncio.to_thread(_write_sysctls, self.netns, dict(values), frozenset(optional))
 
 
-def _write_sysctl(netns: str | None, path: str, value: str) -> None:
+def _write_sysctls(netns: str | None, values: dict[str, str], optional: frozenset[str]) -> None:
     def write() -> None:
-        with open(f"/proc/sys/{path}", "w") as f:
-            f.write(value)
+        for path, value in values.items():
+            try:
+                with open(f"/proc/sys/{path}", "w") as f:
+                    f.write(value)
+            except FileNotFoundError:
+                if path not in optional:
+                    raise
 
     if netns is None:
         write()

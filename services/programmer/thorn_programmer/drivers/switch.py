@@ -1,24 +1,86 @@
 """The switch route driver: a Linux switch (SONiC, Cumulus, a lab namespace) routes each
-(host, colour) TEP prefix along that colour's tree; routes carry protocol RTPROT_THORN."""
+(host, colour) TEP prefix along that colour's tree; routes carry protocol RTPROT_THORN.
+
+Switch-local repair (tier 1, docs/datapath.md "Switch-local repair"): a route with a
+loop-free backup is two kernel routes, the primary at PRIMARY_METRIC and the backup at
+BACKUP_METRIC, and `ignore_routes_with_linkdown` is on, so the kernel itself moves to the
+backup when the primary's port loses carrier (and back when carrier returns); an admin-down
+port's routes are deleted by the kernel, which leaves the backup. A failure only BFD sees is
+`withdraw_port`: the primaries through the port go in one batch, and stay out of every
+rendering until `restore_port`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar
 
-from thorn_programmer.drivers.netlink import NetlinkDatapath
+from pyroute2 import AsyncIPRoute
+
+from thorn_programmer.drivers.netlink import ApplyReport, NetlinkDatapath
 from thorn_programmer.intent import Intent, SwitchIntent
-from thorn_programmer.kernel import KernelObject
+from thorn_programmer.kernel import KernelObject, diff
+from thorn_programmer.netlink import TcSocket
 from thorn_programmer.render import switch_objects
+
+LINKDOWN = "ignore_routes_with_linkdown"
 
 
 class SwitchRouteDriver(NetlinkDatapath):
     name: ClassVar[str] = "switch-routes"
 
+    def __init__(self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket) -> None:
+        super().__init__(ip, netns, tc)
+        # Ports whose primaries are withdrawn (BFD Down). A LocalRepair puts its own set here,
+        # so the override outlives this driver (a restarted agent opens a new one).
+        self.withdrawn: set[str] = set()
+        self.intent: SwitchIntent | None = None  # the last one rendered, as the agent gave it
+
     async def setup(self) -> None:
-        await super().setup()
-        await self.sysctl("net/ipv4/ip_forward", "1")
-        await self.sysctl("net/ipv6/conf/all/forwarding", "1")
+        await super().setup()  # also reads the links
+        values = {"net/ipv4/ip_forward": "1", "net/ipv6/conf/all/forwarding": "1"}
+        required = {*values, f"net/ipv4/conf/all/{LINKDOWN}", f"net/ipv4/conf/default/{LINKDOWN}"}
+        # IPv4 ORs `all` with the device's own value; IPv6 reads the device's only (`all`
+        # sets every existing device on this kernel, not on every kernel); `default` is what
+        # devices made later start with. So: all three, for both families.
+        devices = ["all", "default", *sorted(self.ifindex)]
+        for family in ("ipv4", "ipv6"):
+            for dev in devices:
+                values[f"net/{family}/conf/{dev}/{LINKDOWN}"] = "1"
+        # A device may be gone since it was listed; a kernel may have no IPv6.
+        await self.sysctls(values, optional=set(values) - required)
 
     def render(self, intent: Intent) -> list[KernelObject]:
         assert isinstance(intent, SwitchIntent)
-        return switch_objects(intent)
+        self.intent = intent
+        # The local override is read at every rendering, so a reconcile planned after a
+        # withdraw never puts the primaries back (one planned just before it may, once: its
+        # next pass renders again and takes them out).
+        return switch_objects(self._overridden(intent, self.withdrawn))
+
+    @staticmethod
+    def _overridden(intent: SwitchIntent, withdrawn: set[str] | frozenset[str]) -> SwitchIntent:
+        return dataclasses.replace(intent, withdrawn=intent.withdrawn | withdrawn)
+
+    async def withdraw_port(self, port: str) -> ApplyReport:
+        """The link on `port` failed (its BFD session went Down): remove the primaries through
+        it that have a backup on another port, now. Computed from the last rendering, without
+        reading the kernel, and sent as one batch (one sendmsg for up to 1,024 routes); every
+        later rendering leaves them out until `restore_port`."""
+        return await self._move(port, withdraw=True)
+
+    async def restore_port(self, port: str) -> ApplyReport:
+        """The link on `port` works again (BFD Up): its primaries go back, one batch."""
+        return await self._move(port, withdraw=False)
+
+    async def _move(self, port: str, *, withdraw: bool) -> ApplyReport:
+        before = frozenset(self.withdrawn)
+        if withdraw:
+            self.withdrawn.add(port)
+        else:
+            self.withdrawn.discard(port)
+        intent = self.intent
+        if intent is None:  # nothing rendered yet: the first reconcile sees the override
+            return ApplyReport()
+        now = switch_objects(self._overridden(intent, self.withdrawn))
+        return await self.apply(diff(now, switch_objects(self._overridden(intent, before))))

@@ -154,8 +154,9 @@ class TcDecodeError(ValueError):
 class TcBatchError(Exception):
     """Some messages of a batch were refused; every refusal is in `errors`, with its index."""
 
-    def __init__(self, errors: list[TcError], total: int) -> None:
+    def __init__(self, errors: list[TcError], total: int, *, sendmsgs: int = 0) -> None:
         self.errors = errors
         self.total = total
+        self.sendmsgs = sendmsgs  # sendmsg calls made, the refused messages' included
         first = errors[0]
         super().__init__(f"{len(errors)} of {total} messages refused; first: {first}")

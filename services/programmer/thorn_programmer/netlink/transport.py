@@ -200,7 +200,7 @@ class TcSocket:
             self._drain(first, start, stop, errors)
             start = stop
         if errors:
-            raise TcBatchError(errors, len(msgs))
+            raise TcBatchError(errors, len(msgs), sendmsgs=calls)
         return calls
 
     @staticmethod

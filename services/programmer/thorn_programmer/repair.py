@@ -1,0 +1,123 @@
+"""Switch-local repair on BFD: tier 1 of ARCHITECTURE.md "Failure detection and the critical
+path", for the failures the kernel cannot see.
+
+Carrier loss and admin down need no agent: the kernel skips or deletes the primary route and
+uses the backup installed beside it (drivers/switch.py). A silent failure (carrier up,
+packets lost) shows only in BFD: when a switch's single-hop session on a port goes from Up
+to Down, `LocalRepair.withdraw` removes the primaries through that port at once, in one
+batch (`SwitchRouteDriver.withdraw_port`), without waiting for health or pathcomp.
+
+The withdrawn port is a local override: every later rendering of the switch's intent leaves
+those primaries out (`SwitchIntent.withdrawn`), so a reconcile of the desired state, which
+still names them until pathcomp re-routes, does not put them back while the session is Down.
+The override ends when the session comes Up again (`restore`: the primaries go back at once,
+as they do when carrier returns) or when the session is removed (its port got another
+neighbour, or the node left the fabric). One `LocalRepair` per node lives as long as the
+process, so the override outlives a restarted agent and the driver it reopens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import structlog
+from prometheus_client import Counter
+
+from thorn_programmer.drivers.switch import SwitchRouteDriver
+
+log = structlog.get_logger("thorn.programmer.repair")
+
+LOCAL_REPAIRS = Counter(
+    "thorn_programmer_local_repairs_total",
+    "Primaries withdrawn from a port on BFD Down, or restored on BFD Up, by a switch agent",
+    ["node", "op"],
+)
+
+Op = Literal["withdraw", "restore"]
+
+
+@dataclass(frozen=True, slots=True)
+class RepairRecord:
+    op: Op
+    port: str
+    reason: str
+    routes: int  # kernel routes removed or put back
+    sendmsgs: int
+    seconds: float  # from the BFD event's arrival on the loop to the kernel's last ack
+    errors: list[str] = field(default_factory=list)
+
+
+class LocalRepair:
+    """One switch's withdrawn ports and the driver that carries them out (while there is
+    one). `withdraw` and `restore` are BFD callbacks on the agent's loop: each runs as a
+    task, one at a time, in the order they came."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self.withdrawn: set[str] = set()
+        self.driver: SwitchRouteDriver | None = None
+        self.last: RepairRecord | None = None
+        self._lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def attach(self, driver: SwitchRouteDriver) -> None:
+        driver.withdrawn = self.withdrawn  # one set: the driver renders with it
+        self.driver = driver
+
+    def detach(self, driver: SwitchRouteDriver) -> None:
+        if self.driver is driver:
+            self.driver = None
+
+    def withdraw(self, port: str, reason: str) -> None:
+        self._spawn("withdraw", port, reason)
+
+    def restore(self, port: str, reason: str) -> None:
+        self._spawn("restore", port, reason)
+
+    async def idle(self) -> None:
+        """Wait until every withdraw and restore asked for so far is done."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _spawn(self, op: Op, port: str, reason: str) -> None:
+        start = time.perf_counter()
+        task = asyncio.create_task(self._run(op, port, reason, start),
+                                   name=f"repair-{self.node}-{op}-{port}")  # fmt: skip
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, op: Op, port: str, reason: str, start: float) -> None:
+        async with self._lock:  # state is checked here, so a quick Down then Up ends Up
+            if (port in self.withdrawn) == (op == "withdraw"):
+                return  # already so
+            driver = self.driver
+            if driver is None:  # no datapath yet: its first reconcile renders the override
+                if op == "withdraw":
+                    self.withdrawn.add(port)
+                else:
+                    self.withdrawn.discard(port)
+                return
+            try:
+                if op == "withdraw":
+                    report = await driver.withdraw_port(port)
+                else:
+                    report = await driver.restore_port(port)
+            except Exception:
+                # The override is in place (the driver sets it first): the next reconcile
+                # carries it out. Logged, so the failure is seen.
+                log.exception("local_repair_failed", node=self.node, op=op, port=port)
+                return
+        seconds = time.perf_counter() - start
+        # ESRCH: the kernel removed that route already (the port went admin down).
+        errors = [e.message for e in report.errors if e.errno != errno.ESRCH]
+        self.last = RepairRecord(op, port, reason, len(report.applied), report.sendmsgs,
+                                 seconds, errors)  # fmt: skip
+        LOCAL_REPAIRS.labels(self.node, op).inc()
+        level = log.error if errors else log.warning if op == "withdraw" else log.info
+        level("local_repair", node=self.node, op=op, port=port, reason=reason,
+              routes=len(report.applied), sendmsgs=report.sendmsgs,
+              ms=round(seconds * 1000, 3), errors=errors[:5])  # fmt: skip
