@@ -532,11 +532,18 @@ class DurableConsumer:
         self.name = name
         self._sub = sub
 
-    async def fetch(self, batch: int = 10, max_wait: float = 1.0) -> list[Delivery]:
+    async def fetch(
+        self,
+        batch: int = 10,
+        max_wait: float = 1.0,
+        *,
+        on_decode_error: Callable[[EventDecodeError], Awaitable[None]] | None = None,
+    ) -> list[Delivery]:
         """Up to `batch` deliveries, waiting at most `max_wait` s for the first; [] if none.
 
-        A message that does not decode is logged, counted and terminated (never redelivered):
-        a poison message must not block the consumer.
+        A message that does not decode is logged, counted, passed to `on_decode_error` if
+        given, and terminated (never redelivered): a poison message must not block the
+        consumer.
         """
         try:
             msgs = await self._sub.fetch(batch, timeout=max_wait)
@@ -557,6 +564,8 @@ class DurableConsumer:
                     error=str(exc),
                 )
                 await msg.term()
+                if on_decode_error is not None:
+                    await on_decode_error(exc)
                 continue
             meta = msg.metadata
             out.append(

@@ -215,8 +215,9 @@ async def test_a_new_durable_consumer_reads_back_events_published_before_it_exis
     bus: Bus,
 ) -> None:
     flip = FailoverEvent(
-        node="durable-host", peer="h9", from_colour="red", to_colour="blue", at=AT, reason="bfd"
-    )
+        node="durable-host", peers=["h9"], from_colour="red", to_colour="blue", at=AT,
+        reason="bfd", tier="source",
+    )  # fmt: skip
     seq = await bus.publish(flip)
 
     consumer = await bus.durable_consumer(
@@ -256,8 +257,14 @@ async def test_a_durable_consumer_terminates_a_message_that_does_not_decode(bus:
     await bus.js.publish(subject, b"garbage")
     await bus.publish(link_event(106))
     consumer = await bus.durable_consumer(STREAM_HEALTH, "test-poison", filter_subject=subject)
-    got = await consumer.fetch(10, max_wait=WAIT)
+    refused: list[EventDecodeError] = []
+
+    async def on_decode_error(exc: EventDecodeError) -> None:
+        refused.append(exc)
+
+    got = await consumer.fetch(10, max_wait=WAIT, on_decode_error=on_decode_error)
     assert [d.event for d in got] == [link_event(106)]
+    assert [e.subject for e in refused] == [subject]  # told, and still terminated below
     await got[0].ack()
     await bus.flush()
     # The server applies acks and terms asynchronously: poll its view, bounded.

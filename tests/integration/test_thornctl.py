@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,11 @@ from standin_agents import StandInAgents
 from typer.testing import CliRunner, Result
 
 from thorn.bus import Bus
-from thorn.cli.main import app
+from thorn.cli.main import app, since_value
 from thorn.config import Settings
+from thorn.events import STREAM_FAILOVER, Event, FailoverEvent, Trace, new_trace_id, utcnow
 from thorn.store import Store
+from thorn_health.app import create_app as health_app
 from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app
 
@@ -216,8 +219,10 @@ class Thornctl:
 def thornctl(thorn_url: str) -> Thornctl:
     # None unsets: the developer's own THORN_* settings must not leak into the tests.
     env: dict[str, str | None] = {
-        k: None for k in ("THORN_URL", "THORN_TOKEN", "THORN_OUTPUT", "THORN_TIMEOUT", "COLUMNS")
-    }
+        k: None
+        for k in ("THORN_URL", "THORN_TOKEN", "THORN_OUTPUT", "THORN_TIMEOUT", "COLUMNS",
+                  "THORN_PATHCOMP_URL", "THORN_HEALTH_URL")
+    }  # fmt: skip
     return Thornctl(thorn_url, CliRunner(env=env))
 
 
@@ -843,3 +848,119 @@ def test_a_host_cannot_be_drained_and_an_unknown_node_is_not_found(thornctl: Tho
     viewer = as_json(thornctl("-o", "json", "tokens", "create", "ro-drain", "--role", "viewer"))
     refused = thornctl("nodes", "drain", "spine1", token=viewer["token"])
     assert refused.exit_code == 77 and "needs operator" in refused.stderr
+
+
+# --- failovers (with the health service) -----------------------------------------------------
+
+
+def publish(nats_url: str, *events: Event, purge: bool = False) -> None:
+    async def main() -> None:
+        async with await Bus.connect(nats_url, name="thornctl-test-failovers") as bus:
+            await bus.ensure_streams()
+            if purge:
+                await bus.js.purge_stream(STREAM_FAILOVER.name)
+            for event in events:
+                await bus.publish(event)
+
+    asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def health_url(
+    thorn_url: str, data_dir: Path, nats_url: str, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    """The real health app on the same store, from an empty failover history; only warnings
+    are logged (CliRunner would capture its log lines)."""
+    publish(nats_url, purge=True)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    request.addfinalizer(structlog.reset_defaults)
+    settings = Settings(data_dir=data_dir)
+    with serving(
+        "health",
+        lambda store, bus: health_app(settings, store=store, bus=bus, lease_seconds=1.0),
+        data_dir / "thorn.db", nats_url,
+    ) as url:  # fmt: skip
+        yield url
+
+
+def test_failovers_are_listed_and_shown_hop_by_hop_with_whose_clock_read_each(
+    thornctl: Thornctl, health_url: str, nats_url: str
+) -> None:
+    t0 = utcnow().replace(microsecond=0) - timedelta(minutes=5)
+
+    def at(ms: float) -> datetime:
+        return t0 + timedelta(milliseconds=ms)
+
+    trace = (
+        Trace(id=new_trace_id()).then("detected", "leaf1", at=at(0))
+        .then("health_received", "health", at=at(1.2)).then("health_decided", "health", at=at(1.5))
+        .then("agent_received", "gpu1", at=at(2.5)).then("agent_applied", "gpu1", at=at(2.9))
+    )  # fmt: skip
+    central = FailoverEvent(
+        node="gpu1", peers=["gpu2", "gpu3"], from_colour="red", to_colour="blue", at=at(3),
+        reason="central: link 2", tier="central", kernel_ms=0.4, trace=trace,
+    )  # fmt: skip
+    local = FailoverEvent(
+        node="gpu2", peers=["gpu1"], from_colour="blue", to_colour="red", at=at(90_000),
+        reason="bfd blue to gpu1 down (control_detection_time_expired)", tier="source",
+    )  # fmt: skip
+    publish(nats_url, central, local)
+    deadline = time.monotonic() + STARTUP
+    while (page := api(health_url, "GET", "/failovers"))["total"] < 2:
+        assert time.monotonic() < deadline, page
+        time.sleep(0.05)
+    local_id = f"gpu2-{local.at.strftime('%Y%m%dT%H%M%S.%fZ')}"
+    health = ("--health-url", health_url)
+
+    listed = ok(thornctl(*health, "failovers", "list")).stdout
+    assert listed.split()[:7] == ["ID", "STARTED", "TIER", "SOURCES", "PAIRS", "LINK", "GAP"]
+    assert re.search(rf"{trace.id}\s+\S+ \S+\s+central\s+gpu1\s+2\s+2\s+clocks differ: "
+                     r"leaf1, gpu1", listed)  # fmt: skip
+    assert re.search(rf"{local_id}\s+\S+ \S+\s+source\s+gpu2\s+1\s+-\s+-", listed)
+    assert "2 failovers" in listed
+    assert as_json(thornctl(*health, "-o", "json", "failovers", "list")) == api(
+        health_url, "GET", "/failovers"
+    )
+    source = as_json(thornctl(*health, "-o", "json", "failovers", "list", "--tier", "source"))
+    assert [f["id"] for f in source["items"]] == [local_id]
+    recent = as_json(thornctl(*health, "-o", "json", "failovers", "list", "--since", "1m"))
+    assert recent["total"] == 0
+    hour = as_json(thornctl(*health, "-o", "json", "failovers", "list", "--since", "1h",
+                            "--node", "gpu1", "--limit", "1"))  # fmt: skip
+    assert [f["id"] for f in hour["items"]] == [trace.id]
+
+    shown = ok(thornctl(*health, "failovers", "show", trace.id)).stdout
+    assert re.search(r"gap\s+clocks differ: leaf1, gpu1", shown)
+    assert re.search(rf"started\s+{t0.strftime('%Y-%m-%d %H:%M:%S')}\.000000Z \(leaf1's clock\)",
+                     shown)  # fmt: skip
+    assert re.search(r"0\s+detected\s+\S+\s+leaf1\s+-\s+-", shown)
+    assert re.search(r"1\s+health_received\s+\S+\s+health\s+clocks differ\s+0 detected",
+                     shown)  # fmt: skip
+    assert re.search(r"2\s+health_decided\s+\S+\s+health\s+0\.300\s+1 health_received",
+                     shown)  # fmt: skip
+    assert re.search(r"4\s+agent_applied\s+\S+\s+gpu1\s+0\.400\s+3 agent_received", shown)
+    assert re.search(r"gpu1\s+gpu2, gpu3\s+red\s+blue\s+central\s+0\.400", shown)
+    assert as_json(thornctl(*health, "-o", "json", "failovers", "show", trace.id)) == api(
+        health_url, "GET", f"/failovers/{trace.id}"
+    )
+
+
+def test_failovers_errors_name_the_option_or_the_id(thornctl: Thornctl, health_url: str) -> None:
+    missing = thornctl("--health-url", health_url, "failovers", "show", "0123456789abcdef")
+    assert missing.exit_code == 1
+    assert "failover '0123456789abcdef' not found" in missing.stderr
+    naive = thornctl("--health-url", health_url, "failovers", "list", "--since", "2026-12-01")
+    assert naive.exit_code == 1 and "query.since" in naive.stderr
+    # without --health-url, the topology service at --url has no failovers: say where to look
+    elsewhere = thornctl("failovers", "list")
+    assert elsewhere.exit_code == 1 and "--health-url" in elsewhere.stderr
+    assert thornctl("failovers", "list", "--tier", "psychic").exit_code == 2
+
+
+def test_since_takes_a_time_ago_or_passes_a_timestamp_to_the_api() -> None:
+    now = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+    assert since_value("15m", now) == "2026-12-01T09:45:00+00:00"
+    assert since_value("2h", now) == "2026-12-01T08:00:00+00:00"
+    assert since_value("7d", now) == "2026-11-24T10:00:00+00:00"
+    assert since_value("2026-11-30T10:00:00Z", now) == "2026-11-30T10:00:00Z"
+    assert since_value(None, now) is None

@@ -30,8 +30,9 @@ def normalise_url(url: str) -> str:
 
 
 class Client:
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+    def __init__(self, url: str, token: str | None, timeout: float, option: str = "--url") -> None:
         self.url = normalise_url(url)
+        self.option = option  # where the URL came from, for the hints below
         self.timeout = timeout
         self.has_token = bool(token)
         headers = {"Accept": "application/json", "User-Agent": "thornctl"}
@@ -136,7 +137,7 @@ class Client:
             kind = response.headers.get("content-type", "no content type")
             raise CliError(
                 f"{self.url} answered {response.request.url.path} with {kind}, not JSON "
-                "(is --url a THORN API?)",
+                f"(is {self.option} a THORN API?)",
                 ExitCode.PROTOCOL,
             ) from exc
 
@@ -145,7 +146,7 @@ class Client:
         detail = error_detail(response)
         if status == 404 and detail == "Not Found":  # no such route, not a missing resource
             path = response.request.url.path
-            detail = f"{self.url} has no {path} (HTTP 404): is --url THORN's API?"
+            detail = f"{self.url} has no {path} (HTTP 404): is {self.option} THORN's API?"
         if status >= 500:
             return CliError(
                 f"THORN at {self.url} failed with HTTP {status}: {detail}",

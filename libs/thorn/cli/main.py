@@ -1,4 +1,5 @@
-"""thornctl: THORN's command line over the REST API (topology's; pathcomp's for drain status).
+"""thornctl: THORN's command line over the REST API (topology's; pathcomp's for drain status;
+health's for failovers).
 
 Global options (before the command)
     --url URL          the API (env THORN_URL; default http://127.0.0.1:8080)
@@ -8,6 +9,7 @@ Global options (before the command)
     --timeout SECONDS  per request (env THORN_TIMEOUT; default 60)
     --pathcomp-url URL path computation's API, for drain status (env THORN_PATHCOMP_URL;
                        default: --url, where a gateway serves every service)
+    --health-url URL   health's API, for failovers (env THORN_HEALTH_URL; default: --url)
 
 Commands
     import FILE|-          replace the fabric with a THORN document (JSON or YAML) or a
@@ -19,6 +21,7 @@ Commands
     nodes list|show|drain|undrain|status, links list|show|drain|undrain|status
                            (drain --wait: until it carries no more traffic)
     drains                 every drained link and node, and whether it still carries traffic
+    failovers list|show    failover timelines: each hop, its latency, whose clock (health)
     tokens list|create|revoke, audit
     lab up|down|status|fail|restore|traffic   the fabric lab in namespaces (docs/lab.md)
 
@@ -45,6 +48,8 @@ import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlsplit
@@ -113,11 +118,16 @@ app = typer.Typer(
 nodes_app = typer.Typer(help="Fabric nodes (hosts and switches).", no_args_is_help=True)
 links_app = typer.Typer(help="Links between ports; drain and undrain.", no_args_is_help=True)
 tokens_app = typer.Typer(help="API tokens (admin role).", no_args_is_help=True)
+failovers_app = typer.Typer(
+    help="Failovers: each trace's hops, latencies and clocks (from health).", no_args_is_help=True
+)
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(links_app, name="links")
 app.add_typer(nodes_app, name="node", hidden=True)  # `thornctl node drain NAME` reads well too
 app.add_typer(links_app, name="link", hidden=True)
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(failovers_app, name="failovers")
+app.add_typer(failovers_app, name="failover", hidden=True)
 app.add_typer(lab_app, name="lab")
 
 
@@ -128,8 +138,10 @@ class State:
     timeout: float
     out: Out
     pathcomp_url: str | None = None
+    health_url: str | None = None
     _client: Client | None = field(default=None, init=False)
     _pathcomp: Client | None = field(default=None, init=False)
+    _health: Client | None = field(default=None, init=False)
 
     @property
     def client(self) -> Client:
@@ -143,11 +155,22 @@ class State:
         if self.pathcomp_url is None:
             return self.client
         if self._pathcomp is None:
-            self._pathcomp = Client(self.pathcomp_url, self.token, self.timeout)
+            self._pathcomp = Client(self.pathcomp_url, self.token, self.timeout, "--pathcomp-url")
         return self._pathcomp
 
+    @property
+    def health(self) -> Client:
+        """Health's API (failovers): --health-url, else the same --url (where a gateway
+        serves every service; under `make run` health has a port of its own)."""
+        if self._health is None:
+            url, option = self.health_url or self.url, "--health-url"
+            if self.health_url is None:
+                option = "--url (health's API: --health-url)"
+            self._health = Client(url, self.token, self.timeout, option)
+        return self._health
+
     def close(self) -> None:
-        for client in (self._client, self._pathcomp):
+        for client in (self._client, self._pathcomp, self._health):
             if client is not None:
                 client.close()
 
@@ -193,9 +216,19 @@ def main(
             show_default=False,
         ),
     ] = None,
+    health_url: Annotated[
+        str | None,
+        typer.Option(
+            "--health-url",
+            envvar="THORN_HEALTH_URL",
+            help="Health's API (failovers); default: --url.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Command line for THORN, the SDN controller for RDMA training fabrics."""
-    for value, hint in ((url, "--url"), (pathcomp_url, "--pathcomp-url")):
+    urls = ((url, "--url"), (pathcomp_url, "--pathcomp-url"), (health_url, "--health-url"))
+    for value, hint in urls:
         if value is None:
             continue
         parts = urlsplit(value.strip())
@@ -205,7 +238,7 @@ def main(
             )
     state = State(
         url=url, token=token or None, timeout=timeout, out=Out(output),
-        pathcomp_url=pathcomp_url or None,
+        pathcomp_url=pathcomp_url or None, health_url=health_url or None,
     )  # fmt: skip
     ctx.obj = state
     ctx.call_on_close(state.close)
@@ -535,11 +568,19 @@ All = Annotated[bool, typer.Option("--all", help="Fetch every page.")]
 
 
 def _page(
-    state: State, path: str, limit: int | None, offset: int | None, everything: bool, **q: Any
+    state: State,
+    path: str,
+    limit: int | None,
+    offset: int | None,
+    everything: bool,
+    *,
+    api: Client | None = None,
+    **q: Any,
 ) -> dict[str, Any]:
     if everything and (limit is not None or offset is not None):
         raise typer.BadParameter("cannot be combined with --limit or --offset", param_hint="--all")
-    return state.client.pages(path, limit=limit, offset=offset, everything=everything, **q)
+    client = api or state.client
+    return client.pages(path, limit=limit, offset=offset, everything=everything, **q)
 
 
 # --- nodes -----------------------------------------------------------------------------------
@@ -891,6 +932,126 @@ def links_status(ctx: typer.Context, link_id: LinkId) -> None:
     status = state.pathcomp.get(f"/drains/links/{link_id}")
     if not state.out.data(status):
         _show_status(state.out, status, _status_title(status))
+
+
+# --- failovers (health) ---------------------------------------------------------------------
+
+
+class FailoverTier(StrEnum):
+    switch = "switch"
+    source = "source"
+    central = "central"
+
+
+_AGO = re.compile(r"^(\d{1,6})([smhd])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def since_value(value: str | None, now: datetime | None = None) -> str | None:
+    """`--since`: `15m`, `2h`, `7d` before now, or an ISO 8601 time with a timezone (the API
+    checks that one and names `since` if it is not)."""
+    if value is None:
+        return None
+    ago = _AGO.match(value.strip())
+    if ago is None:
+        return value
+    delta = timedelta(**{_UNITS[ago.group(2)]: int(ago.group(1))})
+    return ((now or datetime.now(UTC)) - delta).isoformat()
+
+
+def _when(iso: str, fmt: str = "%Y-%m-%d %H:%M:%S.%fZ") -> str:
+    """An API timestamp in UTC, always to the microsecond (the hops are that close)."""
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime(fmt)
+
+
+def _gap(item: dict[str, Any]) -> str:
+    if item["gap_ms_upper_bound"] is not None:
+        return f"<= {item['gap_ms_upper_bound']:.3f} ms"
+    if item["gap_clocks_differ"]:
+        return "clocks differ: " + ", ".join(item["gap_clocks"])
+    return "-"
+
+
+@failovers_app.command("list")
+def failovers_list(
+    ctx: typer.Context,
+    node: Annotated[str | None, typer.Option("--node", help="With this source node.")] = None,
+    tier: Annotated[FailoverTier | None, typer.Option("--tier", case_sensitive=False)] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Started after: 15m, 2h, 7d ago, or an ISO 8601 time."),
+    ] = None,
+    link: Annotated[int | None, typer.Option("--link", min=0, help="Naming this link.")] = None,
+    limit: Limit = None,
+    offset: Offset = None,
+    everything: All = False,
+) -> None:
+    """Failovers, one per trace, newest first (from health)."""
+    state = _state(ctx)
+    page = _page(
+        state, "/failovers", limit, offset, everything, api=state.health, node=node,
+        tier=tier.value if tier else None, since=since_value(since), link=link,
+    )  # fmt: skip
+    if state.out.data(page):
+        return
+    state.out.table(
+        ["ID", "STARTED", "TIER", "SOURCES", "PAIRS", "LINK", "GAP"],
+        ([f["id"], _when(f["started"]), f["tier"], f["sources"], f["pairs_moved"],
+          f["link_id"], _gap(f)] for f in page["items"]),
+        caption=page_caption(page, "failovers"),
+        no_wrap=2,
+    )  # fmt: skip
+
+
+def _hop_ms(hop: dict[str, Any]) -> str:
+    if hop["ms"] is not None:
+        return f"{hop['ms']:.3f}"
+    return "clocks differ" if hop["clocks_differ"] else "-"
+
+
+def _after(hops: list[dict[str, Any]], hop: dict[str, Any]) -> str | None:
+    return None if hop["after"] is None else f"{hop['after']} {hops[hop['after']]['step']}"
+
+
+@failovers_app.command("show")
+def failovers_show(
+    ctx: typer.Context,
+    failover_id: Annotated[str, typer.Argument(metavar="ID", help="A failover's (trace) id.")],
+) -> None:
+    """One failover: every hop with its latency and whose clock read it, and what moved."""
+    state = _state(ctx)
+    shown: dict[str, Any] = state.health.get(f"/failovers/{quote(failover_id, safe='')}")
+    if state.out.data(shown):
+        return
+    out = state.out
+    out.fields(
+        [
+            ("id", shown["id"]),
+            ("started", f"{_when(shown['started'])} ({shown['started_clock']}'s clock)"),
+            ("tier", shown["tier"]),
+            ("link", shown.get("link_id")),
+            ("reason", shown["reason"]),
+            ("pairs moved", shown["pairs_moved"]),
+            ("gap", _gap(shown)),
+        ],
+        title=f"Failover {shown['id']}",
+    )
+    hops: list[dict[str, Any]] = shown["hops"]
+    if hops:
+        out.line()
+        out.table(
+            ["#", "STEP", "AT", "CLOCK", "+MS", "AFTER"],
+            ([i, h["step"], _when(h["at"], "%H:%M:%S.%f"), h["clock"], _hop_ms(h), _after(hops, h)]
+             for i, h in enumerate(hops)),
+            caption="+MS: since the hop it followed, only when one clock read both",
+            no_wrap=3,
+        )  # fmt: skip
+    out.line()
+    out.table(
+        ["NODE", "PEERS", "FROM", "TO", "TIER", "KERNEL MS"],
+        ([m["node"], m["peers"], m["from_colour"], m["to_colour"], m["tier"],
+          f"{m['kernel_ms']:.3f}"] for m in shown["moved"]),
+    )  # fmt: skip
 
 
 # --- tokens and audit ------------------------------------------------------------------------

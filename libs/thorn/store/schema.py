@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -182,4 +183,37 @@ class HealthFailureRow(Base):
         Index("ix_health_failures_started", "started_at"),
         Index("ix_health_failures_a", "a_node"),
         Index("ix_health_failures_b", "b_node"),
+    )
+
+
+class HealthFailoverRow(Base):
+    """One `FailoverEvent` (one node's flip) as health stored it from THORN_FAILOVER. The
+    events of one failover share `trace_id`; an event without a trace gets an id of its own.
+
+    (`stream_seq`, `node`, `at`) is unique: a redelivered message is stored once, and the
+    node and time keep a recreated stream, whose sequences start at 1 again, from colliding
+    with what is already stored."""
+
+    __tablename__ = "health_failovers"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    stream_seq: Mapped[int] = mapped_column(BigInteger)
+    trace_id: Mapped[str] = mapped_column(String(100))
+    traced: Mapped[bool] = mapped_column(Boolean)
+    node: Mapped[str] = mapped_column(String(NAME))
+    tier: Mapped[str] = mapped_column(String(16))
+    from_colour: Mapped[str | None] = mapped_column(String(16))
+    to_colour: Mapped[str] = mapped_column(String(16))
+    peers: Mapped[list[str]]
+    reason: Mapped[str] = mapped_column(String(500))
+    link_id: Mapped[int | None] = mapped_column(Integer)  # when the reason names a link
+    kernel_ms: Mapped[float] = mapped_column(Float)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # the node's clock
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # the first hop
+    hops: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    __table_args__ = (
+        UniqueConstraint("stream_seq", "node", "at", name="uq_health_failovers_message"),
+        Index("ix_health_failovers_trace", "trace_id"),
+        Index("ix_health_failovers_started", "started_at"),
+        Index("ix_health_failovers_node", "node"),
+        Index("ix_health_failovers_link", "link_id"),
     )

@@ -35,7 +35,7 @@ from thorn.model import (
     Vni,
     Workload,
 )
-from thorn.store import health
+from thorn.store import failovers, health
 from thorn.store.schema import (
     AuditRow,
     LinkRow,
@@ -352,6 +352,28 @@ class Store:
         """The failure history, newest first: (total matching, this page)."""
         async with self.engine.connect() as conn:
             return await health.read_failures(conn, query)
+
+    # --- failover history (written by health) -------------------------------------------
+
+    async def record_failovers(self, records: Sequence[failovers.FailoverRecord]) -> list[bool]:
+        """Store failover events in one transaction; True where a row was added (False: it
+        was stored before, a redelivery)."""
+        if not records:
+            return []
+        async with self.engine.begin() as conn:
+            return await failovers.write_failovers(conn, records)
+
+    async def failover_page(
+        self, query: failovers.FailoverQuery
+    ) -> tuple[int, list[list[failovers.FailoverRecord]]]:
+        """A page of failover traces, newest first: (traces matching, each trace's rows)."""
+        async with self.engine.connect() as conn:
+            return await failovers.read_failover_page(conn, query)
+
+    async def failover_trace(self, trace_id: str) -> list[failovers.FailoverRecord]:
+        """Every stored event of one failover trace ([] if none)."""
+        async with self.engine.connect() as conn:
+            return await failovers.read_trace(conn, trace_id)
 
 
 class _WriteTransaction:

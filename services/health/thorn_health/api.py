@@ -1,5 +1,6 @@
 """REST routes of the health service, under /api/v1/health: links' health, the failure
-history and BFD sessions. Read-only (viewer)."""
+history and BFD sessions; under /api/v1/failovers: the failover timelines. Read-only
+(viewer)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from thorn.auth import Viewer
 from thorn.fabric import NotFound
 from thorn.model import PortRef
+from thorn.store.failovers import FailoverQuery
 from thorn.store.health import Failure, FailureQuery
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
+from thorn_health.failovers import timeline
 from thorn_health.service import HealthService
 
 
@@ -25,6 +28,9 @@ def get_service(request: Request) -> HealthService:
 
 Service = Annotated[HealthService, Depends(get_service)]
 router = APIRouter(prefix="/api/v1/health", tags=["health"], responses=ERROR_RESPONSES)
+failover_router = APIRouter(
+    prefix="/api/v1/failovers", tags=["failovers"], responses=ERROR_RESPONSES
+)
 
 
 class LinkStateFilter(StrEnum):
@@ -215,3 +221,108 @@ async def list_sessions(
         items=[SessionOut.model_validate(s) for s in chosen.items], total=chosen.total,
         limit=chosen.limit, offset=chosen.offset,
     )  # fmt: skip
+
+
+# --- failover timelines --------------------------------------------------------------------
+
+
+class FailoverTierFilter(StrEnum):
+    switch = "switch"
+    source = "source"
+    central = "central"
+
+
+class FailoverOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # built from `failovers.Timeline`
+
+    id: str = Field(description="the trace id; an event without a trace: `<node>-<time>`")
+    traced: bool = Field(description="false: an event without a trace (one node, no hops)")
+    started: datetime = Field(description="the first hop (detection), or an untraced event's at")
+    started_clock: str = Field(description="whose clock read `started`")
+    tier: str = Field(description="the tier that repaired it: switch, source or central")
+    sources: list[str] = Field(description="the nodes that moved traffic")
+    pairs_moved: int = Field(description="(source, peer) pairs moved, over every source")
+    link_id: int | None = Field(description="the link the flips name, if any")
+    reason: str = Field(description="the first source's reason")
+    gap_ms_upper_bound: float | None = Field(
+        description="first hop to the last agent_applied: every pair moved was on its new"
+        " colour by then (the failure-to-detection time is not in it); null when those hops"
+        " were read on different clocks (`gap_clocks_differ`) or there are no hops"
+    )
+    gap_clocks_differ: bool = Field(description="the gap's ends were read on different clocks")
+    gap_clocks: list[str] = Field(description="the clocks of the first hop and of each end")
+
+
+class FailoverHopOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    step: str = Field(description="detected, health_received, ..., agent_applied")
+    at: datetime = Field(description="as read on `clock`")
+    clock: str = Field(description="whose clock: a node, or a service (health, pathcomp)")
+    after: int | None = Field(description="index of the hop it followed (null: the first)")
+    ms: float | None = Field(description="since the hop it followed, when one clock read both")
+    clocks_differ: bool = Field(description="the hop it followed was read on another clock")
+
+
+class FailoverMovedOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    node: str
+    peers: list[str]
+    from_colour: str | None
+    to_colour: str
+    tier: str
+    reason: str
+    kernel_ms: float
+    at: datetime = Field(description="when the node published it, on its own clock")
+
+
+class FailoverDetailOut(FailoverOut):
+    hops: list[FailoverHopOut] = Field(
+        description="every hop once: the shared ones, then each source's own, as stored"
+    )
+    moved: list[FailoverMovedOut] = Field(description="what each source moved (node -> peers)")
+
+
+@failover_router.get(
+    "", response_model=Page[FailoverOut], summary="Failovers, one per trace, newest first"
+)
+async def list_failovers(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    node: Annotated[
+        str | None, Query(min_length=1, max_length=63, description="with this source node")
+    ] = None,
+    tier: Annotated[
+        FailoverTierFilter | None, Query(description="with an event of this tier")
+    ] = None,
+    link: Annotated[int | None, Query(ge=0, description="whose flips name this link")] = None,
+    since: Annotated[AwareDatetime | None, Query(description="started at or after")] = None,
+    until: Annotated[AwareDatetime | None, Query(description="started before")] = None,
+) -> Page[FailoverOut]:
+    if since is not None and until is not None and until <= since:
+        raise FieldError(422, ["query", "until"], "until must be later than since", "value")
+    query = FailoverQuery(
+        node=node, tier=tier.value if tier else None, link_id=link, since=since, until=until,
+        limit=page.limit, offset=page.offset,
+    )  # fmt: skip
+    total, traces = await service.store.failover_page(query)
+    items = [FailoverOut.model_validate(timeline(t)) for t in traces]
+    return Page(items=items, total=total, limit=page.limit, offset=page.offset)
+
+
+@failover_router.get(
+    "/{failover_id}", response_model=FailoverDetailOut, summary="One failover's timeline"
+)
+async def get_failover(
+    _: Viewer,
+    service: Service,
+    failover_id: Annotated[
+        str, Path(min_length=1, max_length=100, description="a failover's id (its trace id)")
+    ],
+) -> FailoverDetailOut:
+    records = await service.store.failover_trace(failover_id)
+    if not records:
+        raise NotFound(f"failover {failover_id!r} not found")
+    return FailoverDetailOut.model_validate(timeline(records))

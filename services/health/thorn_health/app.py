@@ -17,7 +17,7 @@ from thorn.service import open_store_and_bus
 from thorn.store import Store
 from thorn.telemetry import instrument
 from thorn.web import BodyLimit, install_error_handlers
-from thorn_health.api import router
+from thorn_health.api import failover_router, router
 from thorn_health.linkstate import Dampening, HealthConfig
 from thorn_health.service import HealthService
 
@@ -85,11 +85,13 @@ def create_app(
     app = FastAPI(
         title="THORN health",
         version="0.1.0",
-        description="Link health from agents' reports: states, dampening, failure history.",
+        description="Link health from agents' reports: states, dampening, failure history;"
+        " failover timelines.",
         lifespan=lifespan,
     )
     install_error_handlers(app)
     instrument(app, "health")
     app.include_router(router)
+    app.include_router(failover_router)
     app.add_middleware(BodyLimit, default=settings.max_body_bytes, large={})
     return app

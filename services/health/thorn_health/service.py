@@ -8,6 +8,9 @@ reply, by one writer task, in batches: a slow database never delays failover.
 
 One lock orders everything that moves a machine (reports, topology changes, dampening
 ticks), so the events of one link are published in the order they happened.
+
+The failover history (agents' `FailoverEvent`s from THORN_FAILOVER) is written by
+`FailoverRecorder` (recorder.py), on every replica.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from thorn.store import Store
 from thorn.store.health import HealthRecord, LinkStateRecord
 from thorn_health.core import HealthCore, LinkEnds, Origin, Outcome, links_of
 from thorn_health.linkstate import HealthConfig, Transition
+from thorn_health.recorder import FailoverRecorder
 
 log = structlog.get_logger("thorn.health")
 
@@ -131,6 +135,8 @@ class HealthService:
         self._stopping = False
         self._writes_pending = 0
         self._written = asyncio.Event()
+        # Failover history: every replica writes it (idempotent), see recorder.py.
+        self.failovers = FailoverRecorder(store, bus)
 
     # --- life -----------------------------------------------------------------------------
 
@@ -144,6 +150,7 @@ class HealthService:
         await self.reload_topology("start")
         await self._load_machines()
         self._refresher = asyncio.create_task(self._refresh(), name="health-refresh")
+        await self.failovers.start()
         log.info("health_standby", links=len(self.core.links), revision=self.revision)
 
     async def lead(self) -> None:
@@ -196,6 +203,7 @@ class HealthService:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.wait([self._refresher], timeout=5.0)
+        await self.failovers.stop()
 
     async def _load_machines(self, *, publish: bool = False) -> Outcome:
         """A fresh core from the store's machines and open failures, on the current topology.
