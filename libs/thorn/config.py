@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     emulated_fabric: bool = Field(
         True, description="thorn-run: build the fabric as a lab and program it (needs root)"
     )
+    lab_agents: Literal["per-node", "one"] = Field(
+        "per-node",
+        description="thorn-run: one programmer process per lab node (as in production), or "
+        "one process for the whole lab",
+    )
     datapath: Literal["auto", "flower", "emulation"] = Field(
         "auto",
         description="programmer: host datapath driver; auto picks flower if the kernel has it",
@@ -59,6 +64,11 @@ class Settings(BaseSettings):
         50, ge=10, le=10_000, description="programmer: BFD desired TX and required RX interval"
     )
     bfd_multiplier: int = Field(3, ge=1, le=255, description="programmer: BFD detect multiplier")
+    bfd_peers: int | None = Field(
+        8, ge=0, le=100_000,
+        description="programmer: peer hosts a host runs multihop BFD toward (2 sessions each); "
+        "null: every peer in its VNIs (a full mesh)",
+    )  # fmt: skip
     failover_revertive: bool = Field(
         True,
         description="programmer: after a flip, move back to the preferred colour once it is "

@@ -126,7 +126,8 @@ def _spawn(name: str, port: int, env: dict[str, str], logs: Path) -> Child:
 
 def _popen(name: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("ab")
-    script = Path(sys.executable).parent / f"thorn-{name}"
+    # "programmer@host1": the programmer serving one lab node
+    script = Path(sys.executable).parent / f"thorn-{name.partition('@')[0]}"
     process = subprocess.Popen(
         [str(script)],
         env={**env, "THORN_LISTEN": f"127.0.0.1:{port}"},
@@ -146,8 +147,8 @@ def _wait_ready(child: Child, deadline: float) -> None:
             raise RuntimeError(
                 f"{child.name} exited with {child.process.returncode}:\n" + "\n".join(tail)
             )
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{child.url}/healthz", timeout=1).status_code == 200:
+        with contextlib.suppress(httpx.HTTPError):  # a busy start-up may answer slowly
+            if httpx.get(f"{child.url}/healthz", timeout=3).status_code == 200:
                 return
         time.sleep(0.1)
     raise RuntimeError(f"{child.name} did not answer /healthz within {START_TIMEOUT:.0f} s")
@@ -297,8 +298,9 @@ def main() -> None:
         lab_note = "not built: THORN_EMULATED_FABRIC=0"
         if settings.emulated_fabric:
             lab_prefix = settings.lab or "thorn"
+            # Taken down on every way out from here on, a failed start included.
+            lab_built = lab_prefix if os.geteuid() == 0 else None
             lab_note = _emulated_fabric(children, env, logs, token, lab_prefix, settings)
-            lab_built = lab_prefix if any(c.name == "programmer" for c in children) else None
         _report(
             children,
             nats,
@@ -379,14 +381,29 @@ def _emulated_fabric(
         ).raise_for_status()
         doc = FabricDocument.model_validate_json(exported.content)
         result = build.up(doc, prefix, replace=True)
-    with console.status("starting programmer (one agent per lab node)"):
-        # One process runs BFD for every node of the lab here (on a real fabric each node
-        # runs its own): hundreds of sessions, so slower timers unless the admin set them.
-        interval = lab_bfd_interval_ms(settings)
-        lab_env = {**env, "THORN_BFD_INTERVAL_MS": str(interval), "THORN_LAB": prefix}
-        child = _spawn("programmer", free_port(), lab_env, logs)
-        children.append(child)
-        _wait_ready(child, time.monotonic() + START_TIMEOUT)
+    interval = lab_bfd_interval_ms(settings)
+    lab_env = {**env, "THORN_BFD_INTERVAL_MS": str(interval), "THORN_LAB": prefix}
+    if settings.lab_agents == "per-node":
+        # One programmer process per lab node, as production runs one per node: each node
+        # flips, reconciles and runs BFD on its own, in parallel with the others.
+        from thorn.lab.handle import Lab
+
+        nodes = sorted(Lab.open(prefix).namespaces())
+        with console.status(f"starting programmer ({len(nodes)} processes, one per lab node)"):
+            spawned = [
+                _spawn(f"programmer@{node}", free_port(), {**lab_env, "THORN_NODE_NAME": node},
+                       logs)
+                for node in nodes
+            ]  # fmt: skip
+            children.extend(spawned)
+            deadline = time.monotonic() + START_TIMEOUT + len(nodes)
+            for child in spawned:
+                _wait_ready(child, deadline)
+    else:
+        with console.status("starting programmer (one process for every lab node)"):
+            child = _spawn("programmer", free_port(), lab_env, logs)
+            children.append(child)
+            _wait_ready(child, time.monotonic() + START_TIMEOUT)
     return (
         f"lab '{prefix}': {result.namespaces} namespaces, {result.veths} links in "
         f"{result.seconds:.1f} s (thornctl lab status --prefix {prefix})"
@@ -404,8 +421,16 @@ def _report(
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     table.add_row("API and OpenAPI", f"{children[0].url}/api/v1  ({children[0].url}/docs)")
+    per_node = [c for c in children if "@" in c.name]
     for child in children:
-        table.add_row(child.name, f"{child.url}/metrics  log: {child.log}")
+        if "@" not in child.name:
+            table.add_row(child.name, f"{child.url}/metrics  log: {child.log}")
+    if per_node:
+        logs = per_node[0].log.parent
+        table.add_row(
+            "programmer",
+            f"{len(per_node)} processes, one per lab node  logs: {logs}/programmer@<node>.log",
+        )
     table.add_row("NATS", nats.url)
     table.add_row("store", str(data_dir / "thorn.db"))
     table.add_row(

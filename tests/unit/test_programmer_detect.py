@@ -14,7 +14,13 @@ import pytest
 from thorn.desired import ColourName
 from thorn.events import BfdReport
 from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, State
-from thorn_programmer.detect import BfdSessions, Discriminators, WantedSession, wanted_sessions
+from thorn_programmer.detect import (
+    BfdSessions,
+    Discriminators,
+    WantedSession,
+    peers_to_watch,
+    wanted_sessions,
+)
 from thorn_programmer.intent import HostIntent, NextHop, Peer, SwitchIntent, UnderlayRoute
 
 TEPS: dict[ColourName, str] = {"red": "10.224.0.1", "blue": "10.240.0.1"}
@@ -322,3 +328,12 @@ async def test_a_removed_link_session_ends_its_ports_withdrawal() -> None:
     renumbered = SwitchIntent("leaf1", 2, (UnderlayRoute("10.224.0.16/32", "swp1", "10.0.9.1"),))
     await s.update(renumbered)  # swp1 faces another neighbour: its old session goes
     assert repairs.calls == [("restore", "swp1")]
+
+
+def test_a_host_watches_a_bounded_stable_spread_subset_of_its_peers() -> None:
+    peers = {f"host{i}" for i in range(2, 40)}
+    picked = peers_to_watch("host1", peers, 4)
+    assert len(picked) == 4 and set(picked) <= peers
+    assert peers_to_watch("host1", peers, 4) == picked  # stable across calls
+    assert peers_to_watch("host2", peers | {"host1"}, 4) != picked  # each host its own subset
+    assert set(peers_to_watch("host1", peers, None)) == peers  # no bound: the full mesh

@@ -26,6 +26,7 @@ from thorn_programmer.bfd import BfdProcess, EventQueue
 from thorn_programmer.bfd.manager import SessionStatus
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
+from thorn_programmer.overrides import Overrides
 from thorn_programmer.repair import LocalRepair
 from thorn_programmer.reports import Reporter
 
@@ -53,7 +54,8 @@ class ConfigurationError(SystemExit):
 
 
 def nodes_to_serve(settings: Settings) -> list[tuple[str, str | None]]:
-    """(node, namespace) pairs: the lab's nodes, or this machine's node."""
+    """(node, namespace) pairs: the lab's nodes (or, with THORN_NODE_NAME too, that one lab
+    node: one process per node, as in production), or this machine's node."""
     if settings.lab:
         from thorn.lab.handle import Lab, LabNotFound
 
@@ -61,7 +63,14 @@ def nodes_to_serve(settings: Settings) -> list[tuple[str, str | None]]:
             lab = Lab.open(settings.lab)
         except (LabNotFound, ValueError) as exc:  # no such lab, or not a lab prefix
             raise ConfigurationError(f"programmer: THORN_LAB={settings.lab!r}: {exc}") from None
-        return sorted(lab.namespaces().items())
+        nodes: list[tuple[str, str | None]] = sorted(lab.namespaces().items())
+        if settings.node_name:
+            nodes = [(n, ns) for n, ns in nodes if n == settings.node_name]
+            if not nodes:
+                raise ConfigurationError(
+                    f"programmer: lab {settings.lab!r} has no node {settings.node_name!r}"
+                )
+        return nodes
     if settings.node_name:
         return [(settings.node_name, None)]
     raise ConfigurationError("programmer: set THORN_NODE_NAME (this node) or THORN_LAB (a lab)")
@@ -113,9 +122,13 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 stack.push_async_callback(the_bus.close)
                 await the_bus.ensure_streams()
             kv = await the_bus.desired_state()
+            hold_down = settings.failover_hold_down_ms / 1000
             agents = [
-                NodeAgent(node, kv, the_bus, drivers_of(node), netns) for node, netns in served
-            ]
+                NodeAgent(node, kv, the_bus, drivers_of(node), netns, Overrides(
+                    settings.data_dir / "programmer" / f"overrides-{node}.json",
+                    revertive=settings.failover_revertive, hold_down=hold_down))
+                for node, netns in served
+            ]  # fmt: skip
             reporters = [
                 Reporter(node, the_bus, netns, period=settings.report_seconds)
                 for node, netns in served
@@ -201,7 +214,8 @@ async def _start_bfd(
         sessions = BfdSessions(
             agent.node, netns, manager, discriminators, mode=settings.bfd_sessions,
             interval_ms=settings.bfd_interval_ms, multiplier=settings.bfd_multiplier,
-            report=reporter.bfd, colour_of=agent.colour_of, flip=agent.flip_soon,
+            peer_limit=settings.bfd_peers, report=reporter.bfd, colour_of=agent.colour_of,
+            flip=agent.flip_soon,
             withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
         )  # fmt: skip
         agent.on_applied.append(sessions.update)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -66,7 +67,21 @@ class WantedSession:
     colour: ColourName | None = None  # multihop: the colour whose path it watches
 
 
-def wanted_sessions(intent: Intent | None, mode: Mode) -> frozenset[WantedSession]:
+def peers_to_watch(node: str, peers: set[str], limit: int | None) -> list[str]:
+    """The peer hosts a host runs multihop sessions toward: all of them, or `limit` of
+    them. A full mesh does not scale (N hosts: N x (N-1) x 2 sessions; 1,024 hosts: ~2,000
+    per host), and the fabric's own link sessions (switches) plus pathcomp's urgent flips
+    cover every link anyway; the peer sessions add an end-to-end check of a few paths. The
+    pick is a hash of (node, peer), so each host watches a different, stable subset and,
+    over the fabric, every path gets watched by someone."""
+    ordered = sorted(peers, key=lambda p: (hashlib.blake2b(f"{node}>{p}".encode(),
+                                                           digest_size=8).digest(), p))  # fmt: skip
+    return ordered if limit is None else ordered[:limit]
+
+
+def wanted_sessions(
+    intent: Intent | None, mode: Mode, peer_limit: int | None = None
+) -> frozenset[WantedSession]:
     if intent is None or mode == "off":
         return frozenset()
     wanted: set[WantedSession] = set()
@@ -81,7 +96,11 @@ def wanted_sessions(intent: Intent | None, mode: Mode) -> frozenset[WantedSessio
             if via is not None
         }
     if mode in ("peers", "all") and isinstance(intent, HostIntent):
+        hosts = {p.host for p in intent.peers if p.host != intent.node}
+        watched = set(peers_to_watch(intent.node, hosts, peer_limit))
         for peer in intent.peers:
+            if peer.host not in watched:
+                continue
             for colour, tep in peer.teps.items():
                 ours = intent.teps.get(colour)
                 if ours is not None and peer.host != intent.node:
@@ -134,6 +153,7 @@ class BfdSessions:
         *,
         mode: Mode,
         interval_ms: int,
+        peer_limit: int | None = None,
         multiplier: int,
         report: Callable[[BfdReport], None],
         colour_of: ColourOf,
@@ -146,6 +166,7 @@ class BfdSessions:
         self.manager = manager
         self.discriminators = discriminators
         self.mode = mode
+        self.peer_limit = peer_limit
         self.interval_us = interval_ms * 1000
         self.multiplier = multiplier
         self.report = report
@@ -164,7 +185,7 @@ class BfdSessions:
     async def update(self, intent: Intent | None) -> None:
         """Start the sessions the intent calls for and stop the others (AdminDown first)."""
         async with self._lock:
-            wanted = wanted_sessions(intent, self.mode)
+            wanted = wanted_sessions(intent, self.mode, self.peer_limit)
             if intent is not None:
                 wanted |= self._kept_links(wanted)
             for key in set(self.sessions) - wanted:

@@ -1,0 +1,61 @@
+"""A host agent's failover overrides: set by flips, cleared when the controller agrees or,
+for a revertive policy, once re-protection has held for the hold-down; kept on disk so an
+agent restarted mid-failover does not move traffic back onto a broken path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from thorn_programmer.overrides import Overrides
+
+
+def test_a_flip_overrides_the_peers_colour() -> None:
+    o = Overrides(None, revertive=True, hold_down=2.0)
+    o.put(["h2", "h3"], "blue", "central: link 7", "central", plan_revision=4, now=100.0)
+    assert o.colours() == {"h2": "blue", "h3": "blue"}
+
+
+def test_the_controller_agreeing_clears_the_override() -> None:
+    o = Overrides(None, revertive=False, hold_down=2.0)
+    o.put(["h2", "h3"], "blue", "bfd", "source", plan_revision=4, now=100.0)
+    o.agree(blue_peers={"h2"})  # the plan now sends h2 on blue too
+    assert o.colours() == {"h3": "blue"}
+
+
+def test_revertive_moves_back_only_after_reprotection_and_the_hold_down() -> None:
+    o = Overrides(None, revertive=True, hold_down=2.0)
+    o.put(["h2"], "blue", "central", "central", plan_revision=4, now=100.0)
+    assert o.due(now=500.0) == []  # no re-protection yet: time alone does not revert
+    first = o.reprotected(["h2"], plan_revision=5, now=101.0)
+    assert first == 103.0
+    assert o.due(now=102.9) == []
+    assert o.due(now=103.0) == ["h2"] and o.colours() == {}
+
+
+def test_reprotection_by_an_older_plan_does_not_revert_a_newer_flip() -> None:
+    o = Overrides(None, revertive=True, hold_down=0.0)
+    o.put(["h2"], "blue", "central", "central", plan_revision=6, now=100.0)
+    assert o.reprotected(["h2"], plan_revision=5, now=101.0) is None
+    assert o.due(now=200.0) == [] and o.colours() == {"h2": "blue"}
+
+
+def test_non_revertive_stays_on_the_other_colour() -> None:
+    o = Overrides(None, revertive=False, hold_down=0.0)
+    o.put(["h2"], "blue", "central", "central", plan_revision=4, now=100.0)
+    assert o.reprotected(["h2"], plan_revision=5, now=101.0) is None
+    assert o.due(now=1e9) == [] and o.colours() == {"h2": "blue"}
+
+
+def test_overrides_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "overrides-host1.json"
+    first = Overrides(path, revertive=True, hold_down=2.0)
+    first.put(["h2"], "blue", "central: link 7", "central", plan_revision=4, now=100.0)
+    again = Overrides(path, revertive=True, hold_down=2.0)
+    assert again.colours() == {"h2": "blue"}
+    assert again.by_peer["h2"].reason == "central: link 7"
+
+
+def test_an_unreadable_file_starts_empty_instead_of_failing(tmp_path: Path) -> None:
+    path = tmp_path / "overrides-host1.json"
+    path.write_text("{not json")
+    assert Overrides(path, revertive=True, hold_down=2.0).colours() == {}
