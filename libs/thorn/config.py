@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,9 +37,10 @@ class Settings(BaseSettings):
         True, description="thorn-run: build the fabric as a lab and program it (needs root)"
     )
     lab_agents: Literal["per-node", "one"] = Field(
-        "per-node",
-        description="thorn-run: one programmer process per lab node (as in production), or "
-        "one process for the whole lab",
+        "one",
+        description="thorn-run: one programmer process for the whole lab, or one per lab node "
+        "(as production runs it; on a 2-core machine the 22 processes slow each other: "
+        "docs/benchmarks.md)",
     )
     datapath: Literal["auto", "flower", "emulation"] = Field(
         "auto",
@@ -64,10 +65,10 @@ class Settings(BaseSettings):
         50, ge=10, le=10_000, description="programmer: BFD desired TX and required RX interval"
     )
     bfd_multiplier: int = Field(3, ge=1, le=255, description="programmer: BFD detect multiplier")
-    bfd_peers: int | None = Field(
-        8, ge=0, le=100_000,
+    bfd_peers: Annotated[int, Field(ge=0, le=100_000)] | Literal["all"] = Field(
+        8,
         description="programmer: peer hosts a host runs multihop BFD toward (2 sessions each); "
-        "null: every peer in its VNIs (a full mesh)",
+        "all: every peer in its VNIs (a full mesh)",
     )  # fmt: skip
     failover_revertive: bool = Field(
         True,

@@ -426,12 +426,14 @@ ReportItem = Annotated[CarrierReport | BfdReport | CountersReport, Field(discrim
 class AgentReport(Event):
     """What node `node`'s agent observed; sent as a request on `agent.report.<node>`, and
     health answers with an `AgentReportReply` (a malformed report is refused, not applied).
-    `seq` rises by one per report of an agent's run: health notices gaps."""
+    `seq` rises by one per report of an agent's run: health notices gaps, and applies a
+    report retried with the same (run, seq) once (a reply lost to a timeout)."""
 
     subject_pattern: ClassVar[str] = AGENT_REPORT_ALL
 
     node: str
     seq: int = Field(ge=0)
+    run: str = Field("", max_length=32, description="the agent's run: a restart starts a new one")
     sent_at: UtcDatetime
     items: list[ReportItem] = Field(min_length=1, max_length=1000)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest_asyncio
 from fastapi import FastAPI
 from pydantic import TypeAdapter
@@ -40,6 +41,7 @@ from thorn.model import AdminState, LinkUpdate, TokenRole
 from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
+from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.service import PathService
 
 ADMIN, VIEWER = "thn_pc-admin", "thn_pc-viewer"
@@ -344,3 +346,61 @@ async def test_a_silent_agent_delays_a_stage_by_the_timeout_only(
         await until(lambda: service.revision == 2, "plan revision 2")
         took = time.monotonic() - start
     assert 0.3 <= took < 5, "the plan goes ahead after the stage timeout"
+
+
+async def test_a_restarted_pathcomp_does_not_plan_over_a_link_health_holds_down(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """Health keeps each link's machine in the store; pathcomp starting (or restarting)
+    while a link is down must route around it before any new event arrives."""
+    from thorn.store.health import LinkStateRecord
+
+    fabric = await fabric_store.load()
+    plan = Plan.compute(fabric)
+    red = plan.pair("host1", "host2").red
+    assert red is not None
+    held = red.links[0]  # host1's link on red (both hosts are dual-homed)
+    await fabric_store.record_health([LinkStateRecord(
+        link_id=held, state="down", sources={"carrier:leaf1:swp3": False}, loss=0.0,
+        drained=False, suppressed=False, penalty=0.0, penalty_at=0.0,
+        changed_at=datetime.now(UTC),
+    )])  # fmt: skip
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        async with client(app) as api:
+            pair = (await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})).json()
+            assert pair["red"] is not None
+            assert held not in pair["red"]["links"] and held not in pair["blue"]["links"]
+
+
+async def test_a_new_leader_writes_what_the_dead_leader_left_unfinished(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """A leader that died mid-way through its stages left some nodes on old documents; the
+    follower that takes over (it planned too, but wrote nothing) compares the KV with its
+    plan and writes those nodes."""
+    async with AsyncExitStack() as second_stack:
+        first_stack = AsyncExitStack()
+        first = await replica(first_stack, fabric_store, bus, tmp_path)
+        await until(lambda: first.state.pathcomp.is_leader(), "first leads")
+        second = await replica(second_stack, fabric_store, bus, tmp_path)
+        follower: PathService = second.state.pathcomp
+        assert not follower.is_leader()
+        kv = await bus.desired_state()
+        stale = orjson.loads((await kv.get(node_key("spine1"))).value)  # type: ignore[union-attr]
+        stale["routes"] = stale["routes"][:1]  # the dead leader's half-written stage
+        await kv.put(node_key("spine1"), orjson.dumps(stale))
+        await first_stack.aclose()
+        await until(lambda: follower.is_leader(), "the follower leads")
+        assert follower.states is not None
+        expected = orjson.loads(follower.states.document("spine1"))["routes"]
+
+        async def repaired() -> bool:
+            entry = await kv.get(node_key("spine1"))
+            return entry is not None and orjson.loads(entry.value or b"{}")["routes"] == expected
+
+        for _ in range(100):
+            if await repaired():
+                break
+            await asyncio.sleep(0.05)
+        assert await repaired()

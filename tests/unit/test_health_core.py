@@ -230,6 +230,22 @@ def test_sequence_gaps_and_restarts_are_noticed() -> None:
     assert core.apply(report("leaf1", 0, carrier("swp1", True, T0)), T0).seq_restart
 
 
+def test_a_report_retried_after_a_lost_reply_is_applied_once() -> None:
+    """The agent resends the same (run, seq) when health's reply timed out; it may carry
+    items queued since. Only those are applied; a restarted agent (new run) is not a retry."""
+    core = core_with_links()
+    down = carrier("swp1", False, T0)
+    first = AgentReport(node="leaf1", seq=3, run="aa", sent_at=at(T0), items=[down])
+    assert core.apply(first, T0).applied == 1
+    up = carrier("swp1", True, T0 + 1)
+    retry = AgentReport(node="leaf1", seq=3, run="aa", sent_at=at(T0 + 1), items=[down, up])
+    out = core.apply(retry, T0 + 1)
+    assert out.duplicate and out.applied == 1  # only the new item
+    again = AgentReport(node="leaf1", seq=3, run="bb", sent_at=at(T0 + 2), items=[down])
+    out = core.apply(again, T0 + 2)
+    assert not out.duplicate and out.applied == 1
+
+
 def test_a_restarted_core_agrees_with_its_stored_states_and_publishes_nothing_new() -> None:
     first = core_with_links()
     stored: dict[int, LinkStateRecord] = {}  # what the store keeps: each link's last record

@@ -63,3 +63,23 @@ async def test_an_old_report_never_lowers_what_a_node_applied() -> None:
     await acks.on_applied(applied("leaf1", 9))
     await acks.on_applied(applied("leaf1", 4))  # reordered on the wire
     assert acks.applied["leaf1"] == 9
+
+
+async def test_a_report_that_carries_errors_is_no_acknowledgement() -> None:
+    acks = AgentAcks()
+    await acks.on_applied(applied("leaf1", 1))
+    failed = applied("leaf1", 5).model_copy(update={"errors": ["route 10.224.0.1/32: refused"]})
+    await acks.on_applied(failed)
+    assert acks.live("leaf1") and acks.missing({"leaf1": 5}) == ["leaf1"]
+
+
+async def test_an_agent_repeating_its_last_report_stays_live_through_a_quiet_minute() -> None:
+    """Agents repeat their last report (a heartbeat) while nothing changes: a plan made
+    after a quiet minute still waits for them between stages."""
+    clock = Clock()
+    acks = AgentAcks(live_for=60, clock=clock)
+    await acks.on_applied(applied("leaf1", 1))
+    for _ in range(8):  # two minutes of heartbeats every 15 s
+        clock.now += 15
+        await acks.on_applied(applied("leaf1", 1))
+    assert acks.missing({"leaf1": 2}) == ["leaf1"]

@@ -108,3 +108,18 @@ def test_while_health_is_away_the_oldest_changes_go_first_and_are_counted() -> N
         q.link(link("swp1", n % 2 == 0, n + 1))
     assert len(q) == 3 and q.dropped == 2
     assert carriers(q) == [("swp1", True), ("swp1", False), ("swp1", True)]
+
+
+def test_items_pushed_out_while_a_report_is_in_flight_are_never_lost_uncounted() -> None:
+    """The backlog may push out the in-flight report's own items; when health answers, only
+    what is left of that report goes, and the newer items stay queued for the next one."""
+    q = ReportQueue("leaf1", backlog=3)
+    for n in range(3):
+        q.link(link(f"p{n}", True, n + 1))
+    in_flight = q.next_report()
+    assert in_flight is not None and len(in_flight.items) == 3 and in_flight.run == q.run
+    for n in range(3, 5):  # two more arrive: the two oldest (in flight) are pushed out
+        q.link(link(f"p{n}", True, n + 1))
+    assert q.dropped == 0  # they are in the report on its way, not lost
+    q.sent(in_flight)
+    assert [i.port for i in q.next_report().items] == ["p3", "p4"]  # type: ignore[union-attr]

@@ -110,6 +110,7 @@ class Outcome:
     unknown: list[str] = field(default_factory=list)  # items naming no known link
     seq_gap: int = 0  # reports this agent's sequence skipped
     seq_restart: bool = False  # the sequence went backwards: the agent restarted
+    duplicate: bool = False  # a retried report: only its new items were applied
 
 
 def loss_fraction(
@@ -151,6 +152,8 @@ class HealthCore:
         self.counters: dict[tuple[str, str], CountersReport] = {}
         self.port_loss: dict[tuple[str, str], float] = {}
         self.last_seq: dict[str, int] = {}
+        self.last_run: dict[str, str] = {}  # node -> the run of its last report
+        self.last_count: dict[str, int] = {}  # node -> items in its last report
         self.open_failures: dict[int, LinkState] = {}
         self._restored: dict[int, LinkStateRecord] = {}
         self._saved: dict[int, tuple[object, ...]] = {}
@@ -223,13 +226,20 @@ class HealthCore:
         received = _at(now)
         node = report.node
         last = self.last_seq.get(node)
-        if last is not None:
+        items = report.items
+        if report.run and self.last_run.get(node) == report.run and last == report.seq:
+            # A retry of the report just applied (its reply was lost): the items it already
+            # carried are not applied twice, only those added since.
+            items = items[self.last_count.get(node, 0) :]
+            out.duplicate = True
+        elif last is not None:
             if report.seq > last + 1:
                 out.seq_gap = report.seq - last - 1
             elif report.seq < last:
                 out.seq_restart = True
-        self.last_seq[node] = report.seq
-        for item in report.items:
+        self.last_seq[node], self.last_run[node] = report.seq, report.run
+        self.last_count[node] = len(report.items)
+        for item in items:
             if isinstance(item, CarrierReport):
                 link_id = self.by_port.get((node, item.port))
                 if link_id is None:

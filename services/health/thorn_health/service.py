@@ -66,6 +66,11 @@ SEQ_GAPS = Counter("thorn_health_seq_gaps_total", "Agent reports missed (gaps in
 PUBLISH_FAILURES = Counter(
     "thorn_health_publish_failures_total", "Link events that could not be published at once"
 )
+UNPUBLISHED_LIMIT = 100_000  # events held while NATS is away (~30 MB)
+UNPUBLISHED_DROPPED = Counter(
+    "thorn_health_unpublished_dropped_total",
+    "Link events dropped unpublished: NATS was away longer than the bound holds",
+)
 STORE_ERRORS = Counter("thorn_health_store_errors_total", "Failed writes of health records")
 REPORT_TO_PUBLISH = Histogram(
     "thorn_health_report_publish_seconds",
@@ -125,7 +130,7 @@ class HealthService:
         self.revision = -1
         self._lock = asyncio.Lock()
         self._records: asyncio.Queue[list[HealthRecord]] = asyncio.Queue()
-        self._unpublished: deque[LinkHealthChanged] = deque(maxlen=100_000)
+        self._unpublished: deque[LinkHealthChanged] = deque()  # bounded by _hold
         self._subscriptions: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []  # the active replica's writer and ticker
         self._reports: Subscription | None = None
@@ -270,6 +275,8 @@ class HealthService:
             SEQ_GAPS.inc(outcome.seq_gap)
             log.warning("report_seq_gap", node=report.node, seq=report.seq,
                         missed=outcome.seq_gap)  # fmt: skip
+        elif outcome.duplicate:
+            log.info("report_retry_deduplicated", node=report.node, seq=report.seq)
         elif outcome.seq_restart:
             log.info("report_seq_restarted", node=report.node, seq=report.seq)
         self._after(outcome)
@@ -330,17 +337,27 @@ class HealthService:
 
     async def _send(self, event: LinkHealthChanged) -> None:
         if self._unpublished and any(e.link_id == event.link_id for e in self._unpublished):
-            self._unpublished.append(event)  # behind this link's earlier events
+            self._hold(event)  # behind this link's earlier events
             return
         try:
             await self.bus.publish(event)
         except BusError as exc:
             PUBLISH_FAILURES.inc()
             log.error("link_event_not_published", link_id=event.link_id, error=str(exc))
-            self._unpublished.append(event)
+            self._hold(event)
             self._wake.set()
             return
         TRANSITIONS.labels(event.state).inc()
+
+    def _hold(self, event: LinkHealthChanged) -> None:
+        """Keep an event to publish once NATS is back; past the bound the oldest goes, and
+        that loss is counted and logged, never silent."""
+        if len(self._unpublished) >= UNPUBLISHED_LIMIT:
+            lost = self._unpublished.popleft()
+            UNPUBLISHED_DROPPED.inc()
+            log.error("link_event_dropped", link_id=lost.link_id, state=lost.state,
+                      held=len(self._unpublished))  # fmt: skip
+        self._unpublished.append(event)
 
     async def _retry_unpublished(self) -> None:
         while self._unpublished:

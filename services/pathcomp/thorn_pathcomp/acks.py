@@ -5,7 +5,9 @@ must have *installed* their routes before their upstream neighbours point at the
 report every reconcile on `agent.applied.<node>` with the KV revision they applied; the
 writer waits, after each stage, until every node written in it has reported that revision.
 
-Only agents that are alive are waited for (one that reported within `live_for` seconds):
+Only agents that are alive are waited for (one that reported within `live_for` seconds;
+agents repeat their last report every `HEARTBEAT_SECONDS` while nothing changes, so a quiet
+fabric's agents stay live):
 a fabric whose agents are not running (a controller with no datapath, a node being
 replaced) must not stall every plan for the full timeout. A stage that is not acknowledged
 in time is reported and the next one goes ahead: a late agent is better than a frozen
@@ -36,7 +38,10 @@ class AgentAcks:
         self._changed = asyncio.Condition()
 
     async def on_applied(self, event: DatapathApplied) -> None:
-        self.applied[event.node] = max(self.applied.get(event.node, 0), event.key_revision)
+        # A report with errors says the agent is alive but did not apply that revision: it
+        # is no acknowledgement (the stage waits, and its lateness is reported).
+        if not event.errors:
+            self.applied[event.node] = max(self.applied.get(event.node, 0), event.key_revision)
         self.seen[event.node] = self.clock()
         async with self._changed:
             self._changed.notify_all()

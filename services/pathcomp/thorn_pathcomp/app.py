@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -53,7 +54,6 @@ def create_app(
             app.state.pathcomp = service
             stack.push_async_callback(service.close)
             app.state.token_lookup = the_store.token_by_hash
-            await service.recompute("start")
 
             async def topology(event: TopologyChanged) -> None:
                 await service.on_topology(event)
@@ -61,8 +61,16 @@ def create_app(
             async def health(event: LinkHealthChanged) -> None:
                 await service.on_link_health(event)
 
+            # Subscribed before the first plan: an event during it is applied after it.
             await the_bus.subscribe(TOPOLOGY_CHANGED, topology, model=TopologyChanged)
             await the_bus.subscribe(HEALTH_LINK_ALL, health, model=LinkHealthChanged)
+            await service.recompute("start")
+
+            async def lead() -> None:
+                await service.resync()
+
+            resync = asyncio.create_task(election.run_as_leader(lead), name="pathcomp-resync")
+            stack.callback(resync.cancel)
             # Agents' reports pace the staged writes (make-before-break).
             await the_bus.subscribe(
                 AGENT_APPLIED_ALL, service.acks.on_applied, model=DatapathApplied

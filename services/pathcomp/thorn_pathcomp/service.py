@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+import orjson
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -63,6 +64,24 @@ OUT_OF_SERVICE = {"down", "flapping", "drained"}
 class Entry(Protocol):
     @property
     def revision(self) -> int: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+def _same_document(entry: Entry, document: bytes) -> bool:
+    """Whether the KV's value is `document` apart from the revisions in its header (a new
+    leader's plan revision counts differently; the routes are what matter)."""
+    value = entry.value
+    if value is None:
+        return False
+    try:
+        old, new = orjson.loads(value), orjson.loads(document)
+    except orjson.JSONDecodeError:
+        return False
+    for doc in (old, new):
+        doc.pop("plan_revision", None)
+    return bool(old == new)
 
 
 class KeyValue(Protocol):
@@ -124,6 +143,7 @@ class PathService:
         self._replanner: asyncio.Task[None] | None = None
         self._flipped: dict[str, set[str]] = {}  # source host -> peers flipped, until re-protected
         self._last_stage: dict[str, int] = {}  # node -> KV revision of the last stage written
+        self._health_loaded = False
 
     # --- computing --------------------------------------------------------------------------
 
@@ -131,6 +151,8 @@ class PathService:
         """A full plan from the store's current topology (start, admin request, big changes)."""
         async with self._lock:
             fabric = await self.store.load()
+            if not self._health_loaded:
+                await self._load_health()
             start = time.perf_counter()
             plan = await asyncio.to_thread(Plan.compute, fabric, summarise=False)
             if overlay := self._health_overlay(fabric):
@@ -140,6 +162,22 @@ class PathService:
             PLAN_SECONDS.labels("full").observe(seconds)
             states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
             return await self._adopt(fabric, plan, states, None, seconds, "full", reason, vnis=True)
+
+    async def _load_health(self) -> None:
+        """Health's current view of every link, from the store (health keeps each link's
+        machine there): a restarted pathcomp must not plan over links health holds down.
+        Events received since (link_states already set) are newer and win."""
+        try:
+            records = await self.store.health_states()
+        except Exception as exc:  # health's tables may not exist yet: plan on admin states
+            log.warning("health_states_unreadable", error=str(exc))
+            return
+        for r in records:
+            if r.state is not None:
+                self.link_states.setdefault(r.link_id, r.state not in OUT_OF_SERVICE)
+        self._health_loaded = True
+        down = sorted(k for k, up in self.link_states.items() if not up)
+        log.info("health_states_loaded", links=len(records), out_of_service=down[:20])
 
     def _health_overlay(self, fabric: Fabric) -> dict[int, bool]:
         """Links health reports out of service (health can take links out, never put an
@@ -334,6 +372,9 @@ class PathService:
                 # Destination outward: a stage is written only after the lower ones are
                 # written and applied by their (live) agents.
                 written: dict[str, int] = {}
+                if not self.is_leader():  # lost the lease mid-write: the new leader resyncs
+                    log.warning("leadership_lost_while_writing", stage=stage)
+                    break
                 for change in changes:
                     if stage in change.stages:
                         written[change.node] = await self.kv.put(
@@ -387,6 +428,31 @@ class PathService:
         gc.collect(1)
         gc.freeze()
         return self.status
+
+    async def resync(self) -> int:
+        """On becoming leader: write every document the KV does not hold as this replica's
+        plan has it (a dead leader's unfinished stages, or a term that saw other events),
+        switches first and hosts last. Returns the documents written."""
+        async with self._lock:
+            states, kv = self.states, self.kv
+            if states is None or kv is None or not self.is_leader():
+                return 0
+            switches = sorted(states.switch_routes)
+            hosts = sorted(states.hosts)
+            written = 0
+            for batch in (switches, hosts):
+                entries = await asyncio.gather(*(kv.get(node_key(n)) for n in batch))
+                for node, entry in zip(batch, entries, strict=True):
+                    document = states.document(node)
+                    if entry is not None and _same_document(entry, document):
+                        continue
+                    if not self.is_leader():
+                        return written
+                    self.written[node] = await kv.put(node_key(node), document)
+                    written += 1
+            KV_WRITES.inc(written)
+            log.info("resynced_as_leader", documents=written, plan_revision=self.revision)
+            return written
 
     # --- drains -----------------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ BAD_DOCUMENTS = Counter(
 )  # fmt: skip
 
 _DOCUMENT: TypeAdapter[DesiredState] = TypeAdapter(DesiredState)
+HEARTBEAT_SECONDS = 15.0  # well inside pathcomp's 60 s liveness window
 
 # (kind, netns) -> the driver, as an async context manager
 DriverFactory = Callable[[str, str | None], AbstractAsyncContextManager[NetlinkDatapath]]
@@ -131,6 +132,7 @@ class NodeAgent:
         self._stack = AsyncExitStack()
         self._lock = asyncio.Lock()
         self._last_intent: Intent | None = None
+        self._last_result: ReconcileResult | None = None  # repeated by the heartbeat
         self.reconciled = asyncio.Event()  # set after every reconcile (tests wait on it)
         # Called with each intent once applied (BFD sessions follow what was programmed).
         self._flips: set[asyncio.Task[None]] = set()
@@ -144,6 +146,7 @@ class NodeAgent:
         commands = await self.bus.subscribe(
             agent_flip_subject(self.node), self.on_command, model=FlipCommand
         )
+        heartbeat = asyncio.create_task(self._heartbeat(), name=f"heartbeat-{self.node}")
         try:
             await self._caught_up.wait()
             while True:
@@ -151,6 +154,7 @@ class NodeAgent:
                 self._dirty.clear()
                 await self.reconcile_now()
         finally:
+            heartbeat.cancel()
             with contextlib.suppress(Exception):  # the connection may be gone already
                 await commands.unsubscribe()
             if self._revert is not None:
@@ -264,6 +268,7 @@ class NodeAgent:
             self._record(result)
         self.reconciled.set()
         self.reconciled = asyncio.Event()
+        self._last_result = result
         await self._report(result)
         for follower in self.on_applied:
             await follower(None if self._deleted else self._last_intent)
@@ -286,6 +291,15 @@ class NodeAgent:
         level("reconciled", node=self.node, driver=result.driver, revision=result.revision,
               changes=len(result.applied), errors=s.last_errors[:5],
               ms=round(result.seconds * 1000, 2))  # fmt: skip
+
+    async def _heartbeat(self) -> None:
+        """Repeat the last applied report while nothing changes: pathcomp counts an agent
+        live (and waits for it between make-before-break stages) only if it heard from it
+        within a minute."""
+        while True:
+            await asyncio.sleep(HEARTBEAT_SECONDS)
+            if self._last_result is not None:
+                await self._report(self._last_result)
 
     async def _report(self, result: ReconcileResult) -> None:
         event = DatapathApplied(
@@ -385,8 +399,9 @@ class NodeAgent:
             if unknown and len(unknown) == len(peers):
                 raise LookupError(f"{self.node} has no peer host {unknown[0]!r}")
             revision = plan_revision if plan_revision is not None else (before.revision or 0)
-            self.overrides.put(peers, colour, reason, tier, revision, time.time())
+            self.overrides.put(peers, colour, reason, tier, revision, time.time(), save=False)
             if not moving:
+                self.overrides.save()
                 return 0.0
             after = self.intent()
             assert isinstance(after, HostIntent)
@@ -399,6 +414,7 @@ class NodeAgent:
             report = await driver.apply(changes)
             seconds = time.perf_counter() - start
             self._last_intent = after
+        self.overrides.save()  # after the kernel: the file write is off the critical path
         FLIPS.labels(self.node).inc()
         if report.errors:
             log.error("failover_errors", node=self.node, peers=moving[:10],

@@ -214,7 +214,8 @@ async def _start_bfd(
         sessions = BfdSessions(
             agent.node, netns, manager, discriminators, mode=settings.bfd_sessions,
             interval_ms=settings.bfd_interval_ms, multiplier=settings.bfd_multiplier,
-            peer_limit=settings.bfd_peers, report=reporter.bfd, colour_of=agent.colour_of,
+            peer_limit=None if settings.bfd_peers == "all" else settings.bfd_peers,
+            report=reporter.bfd, colour_of=agent.colour_of,
             flip=agent.flip_soon,
             withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
         )  # fmt: skip

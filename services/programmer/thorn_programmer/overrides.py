@@ -52,10 +52,13 @@ class Overrides:
         return {peer: o.colour for peer, o in self.by_peer.items()}
 
     def put(self, peers: list[str], colour: ColourName, reason: str, tier: str,
-            plan_revision: int, now: float) -> None:  # fmt: skip
+            plan_revision: int, now: float, *, save: bool = True) -> None:  # fmt: skip
+        """Record a flip (`save=False`: the caller saves once the kernel is changed, so
+        the file write is not on the critical path)."""
         for peer in peers:
             self.by_peer[peer] = Override(colour, reason, tier, plan_revision, now)
-        self._save()
+        if save:
+            self.save()
 
     def agree(self, blue_peers: set[str]) -> None:
         """Drop the overrides the desired state now agrees with."""
@@ -66,7 +69,7 @@ class Overrides:
         }
         if len(kept) != len(self.by_peer):
             self.by_peer = kept
-            self._save()
+            self.save()
 
     def reprotected(self, peers: list[str], plan_revision: int, now: float) -> float | None:
         """Plan `plan_revision` makes `peers`' preferred colour safe again: revertive
@@ -79,7 +82,7 @@ class Overrides:
             o = self.by_peer.get(peer)
             if o is not None and o.plan_revision < plan_revision:
                 self.by_peer[peer] = replace(o, revert_at=at)
-        self._save()
+        self.save()
         due = [o.revert_at for o in self.by_peer.values() if o.revert_at is not None]
         return min(due) if due else None
 
@@ -89,7 +92,7 @@ class Overrides:
         for peer in gone:
             del self.by_peer[peer]
         if gone:
-            self._save()
+            self.save()
         return gone
 
     # --- the file ----------------------------------------------------------------------------
@@ -104,7 +107,7 @@ class Overrides:
             log.error("overrides_unreadable", path=str(self.path), error=str(exc))
             return {}
 
-    def _save(self) -> None:
+    def save(self) -> None:
         if self.path is None:
             return
         tmp = self.path.with_suffix(".tmp")

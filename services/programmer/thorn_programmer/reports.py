@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
@@ -93,8 +94,10 @@ class ReportQueue:
         self.node = node
         self.backlog = backlog
         self.seq = 0
+        self.run = uuid.uuid4().hex[:16]  # this queue's run: health tells a retry from a restart
         self.dropped = 0
         self._items: deque[ReportItem] = deque()
+        self._inflight = 0  # items of the report being sent that are still at the head
         self._last: dict[str, tuple[bool, bool, str]] = {}  # port -> state last queued
         self._last_ns: dict[str, int] = {}  # port -> when that state was read
 
@@ -142,7 +145,10 @@ class ReportQueue:
         excess = len(self._items) - self.backlog
         for _ in range(max(0, excess)):
             self._items.popleft()
-        self.dropped += max(0, excess)
+            if self._inflight:  # the report in flight carries it: not lost, just not ours
+                self._inflight -= 1
+            else:
+                self.dropped += 1
 
     def next_report(self) -> AgentReport | None:
         """The next report (up to MAX_ITEMS of the oldest items); None if nothing waits.
@@ -150,12 +156,16 @@ class ReportQueue:
         if not self._items:
             return None
         items = [self._items[i] for i in range(min(MAX_ITEMS, len(self._items)))]
-        return AgentReport(node=self.node, seq=self.seq, sent_at=utcnow(), items=items)
+        self._inflight = len(items)
+        return AgentReport(node=self.node, seq=self.seq, run=self.run, sent_at=utcnow(),
+                           items=items)  # fmt: skip
 
     def sent(self, report: AgentReport) -> None:
-        """Health answered `report`: drop its items and move to the next sequence number."""
-        for _ in range(min(len(report.items), len(self._items))):
+        """Health answered `report`: drop its items (those still queued: the backlog may have
+        pushed some out meanwhile, counted there) and move to the next sequence number."""
+        for _ in range(min(self._inflight, len(self._items))):
             self._items.popleft()
+        self._inflight = 0
         self.seq += 1
 
 
