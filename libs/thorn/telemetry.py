@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -9,6 +10,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 from fastapi import FastAPI, Request, Response
+from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 
 HTTP_REQUESTS = Counter(
@@ -44,8 +46,9 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     )
 
 
-def instrument(app: FastAPI, service: str) -> None:
-    """Count and time every request by route template; serve /metrics and /healthz."""
+def instrument(app: FastAPI, service: str, problems: Callable[[], list[str]] | None = None) -> None:
+    """Count and time every request by route template; serve /metrics and /healthz.
+    `problems`: what is wrong with this process now; any makes /healthz answer 503."""
 
     @app.middleware("http")
     async def _measure(
@@ -61,8 +64,14 @@ def instrument(app: FastAPI, service: str) -> None:
 
     @app.get("/metrics", include_in_schema=False)
     async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        # In a thread: some collectors ask another process (the programmer's BFD child),
+        # which must not hold the event loop.
+        return Response(await asyncio.to_thread(generate_latest), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok", "service": service}
+    async def healthz() -> Response:
+        found = problems() if problems is not None else []
+        if found:
+            body = {"status": "unhealthy", "service": service, "problems": found}
+            return JSONResponse(body, status_code=503)
+        return JSONResponse({"status": "ok", "service": service})

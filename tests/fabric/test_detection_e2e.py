@@ -22,6 +22,8 @@ BFD runs at 50 ms x 3 here (about 90 sessions in one process on two shared cores
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -29,6 +31,7 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fabric_controller import stream
 from fastapi import FastAPI
@@ -314,3 +317,56 @@ async def test_a_flap_storm_on_a_real_link_is_dampened_not_passed_on(system: Fab
     # degraded (the flaps cost packets), flapping; undampened it would be 60 changes.
     assert states[-1] == "flapping" and len(states) <= 6, states
     assert len([e for at, e in f.health if at >= t0 and e.link_id != link]) == 0
+
+
+async def test_a_whole_spine_failing_costs_the_flow_at_most_one_short_gap_and_one_replan(
+    system: Fabric_,
+) -> None:
+    """Every neighbour of the dead spine loses carrier at once: the leaves' kernels move to
+    the routes' backups by themselves, pathcomp flips whatever still crosses it, and the
+    spine's link events are re-protected together, not one replan per link."""
+    f = system
+    cut, flow = await flow_on_red(f, 5107)
+    link = f.fabric.links[cut]
+    spine = link.b.node if link.b.node.startswith("spine") else link.a.node
+    revision = f.pathcomp.revision
+    t0 = time.time_ns()
+    await asyncio.to_thread(faults.node_down, f.lab, spine)
+    spine_links = [i for i, lk in f.fabric.links.items() if spine in (lk.a.node, lk.b.node)]
+    await f.until(lambda: all(f.link_events(i, "down", t0) for i in spine_links), 5,
+                  f"health: every link of {spine} down")  # fmt: skip
+    report = await asyncio.to_thread(flow.wait)
+    print(f"\n{spine} down -> {report.lost} packets lost, gaps {report.lost_ranges}")
+    assert report.lost <= 100 and report.lost_ranges_total <= 1, report.lost_ranges
+    await f.pathcomp.replanned()
+    replans = f.pathcomp.revision - revision
+    assert 1 <= replans < len(spine_links), f"{replans} replans for {len(spine_links)} links"
+    plan = f.pathcomp.plan
+    assert plan is not None
+    red = plan.pair("host1", "host3").red
+    assert red is not None and spine not in red.nodes
+
+
+async def test_a_dead_bfd_child_makes_healthz_say_so_and_comes_back_with_its_sessions(
+    system: Fabric_,
+) -> None:
+    f = system
+    app = f.apps["programmer"][0]
+    bfd = app.state.bfd
+    before = len(bfd.sessions())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://programmer") as http:
+        assert (await http.get("/healthz")).status_code == 200
+        os.kill(bfd.process._process.pid, signal.SIGKILL)
+        await f.until(lambda: not bfd.process.alive, 5, "the child is seen gone")
+        # A new child takes a Python start-up (~1 s) before it replaces the dead one.
+        sick = await http.get("/healthz")
+        assert sick.status_code == 503 and "BFD child" in sick.json()["problems"][0]
+        await f.until(lambda: bfd.restarts == 1 and bfd.process.alive, 10, "a new child")
+        assert (await http.get("/healthz")).status_code == 200
+
+    def all_up_again() -> bool:
+        sessions = bfd.sessions()
+        return len(sessions) == before and all(s.state.name == "UP" for s in sessions)
+
+    await f.until(all_up_again, 30, "every session re-added and up")

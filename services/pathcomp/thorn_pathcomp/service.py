@@ -57,6 +57,8 @@ CENTRAL_FLIPS = Counter(
     "thorn_pathcomp_central_flips_total", "Urgent flip messages sent to source hosts"
 )
 
+REPLAN_HOLD_SECONDS = 0.02  # how long re-protection waits for a burst of link events
+
 # Health states in which a link carries no traffic for path computation.
 OUT_OF_SERVICE = {"down", "flapping", "drained"}
 
@@ -275,6 +277,10 @@ class PathService:
         replan ran is applied as one update (a whole switch failing is one replan)."""
         while True:
             await self._wake.wait()
+            # A short hold, as routers throttle SPF runs (RFC 8405): the other links of a
+            # failing switch arrive within milliseconds and join this replan. The urgent
+            # flips went out before; only re-protection waits.
+            await asyncio.sleep(REPLAN_HOLD_SECONDS)
             self._wake.clear()
             events, self._pending = self._pending, {}
             if not events:

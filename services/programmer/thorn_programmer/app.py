@@ -22,8 +22,9 @@ from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.telemetry import instrument
 from thorn_programmer.agent import AgentStatus, DriverFactory, NodeAgent
-from thorn_programmer.bfd import BfdProcess, EventQueue
+from thorn_programmer.bfd import EventQueue
 from thorn_programmer.bfd.manager import SessionStatus
+from thorn_programmer.bfd.supervised import SupervisedBfd
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
 from thorn_programmer.overrides import Overrides
@@ -162,7 +163,13 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 await asyncio.gather(*tasks, return_exceptions=True)
 
     app = FastAPI(title="THORN programmer", version="0.1.0", lifespan=lifespan)
-    instrument(app, "programmer")
+
+    def problems() -> list[str]:
+        bfd: SupervisedBfd | None = getattr(app.state, "bfd", None)
+        found = bfd.problem() if bfd is not None else None
+        return [found] if found else []
+
+    instrument(app, "programmer", problems)
 
     @app.get("/status", response_model=list[AgentStatusOut], include_in_schema=False)
     async def status(request: Request) -> list[dict[str, Any]]:
@@ -172,7 +179,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     @app.get("/bfd", include_in_schema=False)
     async def bfd(request: Request) -> dict[str, Any]:
         """Every BFD session of this process (state, negotiated timers) and the drop counts."""
-        manager: BfdProcess | None = request.app.state.bfd
+        manager: SupervisedBfd | None = request.app.state.bfd
         if manager is None:
             return {"enabled": False, "sessions": [], "counters": None}
         sessions = await asyncio.to_thread(manager.sessions)
@@ -198,14 +205,14 @@ async def _start_bfd(
     reporters: list[Reporter],
     served: list[tuple[str, str | None]],
     repairs: dict[str, LocalRepair],
-) -> BfdProcess:
-    """One BFD process for every node of this process; each agent's sessions follow what it
-    applied, report to health and may flip a peer or, on a switch, withdraw a failed link's
-    primaries (thorn_programmer.detect, thorn_programmer.repair)."""
+) -> SupervisedBfd:
+    """One BFD process for every node of this process (started again if it dies); each
+    agent's sessions follow what it applied, report to health and may flip a peer or, on a
+    switch, withdraw a failed link's primaries (thorn_programmer.detect, .repair)."""
     events = EventQueue()
     # In a child process: a BFD thread here would wait for the GIL behind the agents' work,
     # and 10 ms timers then run late (docs/bfd.md).
-    manager = BfdProcess(on_event=events.put, name="programmer")
+    manager = SupervisedBfd(events.put, name="programmer")
     manager.start()
     stack.callback(manager.close)  # AdminDown to every peer: a stop is not a failure
     discriminators = Discriminators()
@@ -222,6 +229,12 @@ async def _start_bfd(
         agent.on_applied.append(sessions.update)
         nodes.append(sessions)
 
+        async def readd(sessions: BfdSessions = sessions, agent: NodeAgent = agent) -> None:
+            sessions.forget()  # the old child took every session with it
+            await sessions.update(agent.applied)
+
+        manager.on_restart.append(readd)
+
     async def dispatch() -> None:
         async for event in events:
             for sessions in nodes:
@@ -230,10 +243,12 @@ async def _start_bfd(
                     break
 
     task = asyncio.create_task(dispatch(), name="bfd-events")
+    watchdog = asyncio.create_task(manager.watch(), name="bfd-watchdog")
 
     async def stop() -> None:
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        watchdog.cancel()
+        await asyncio.gather(task, watchdog, return_exceptions=True)
 
     stack.push_async_callback(stop)
     return manager

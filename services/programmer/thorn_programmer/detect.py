@@ -183,7 +183,21 @@ class BfdSessions:
         return discriminator in self._by_disc
 
     async def update(self, intent: Intent | None) -> None:
-        """Start the sessions the intent calls for and stop the others (AdminDown first)."""
+        """Start the sessions the intent calls for and stop the others (AdminDown first).
+        With the BFD child gone this does nothing: the runner's watchdog starts a new child
+        and calls `forget` then `update` again."""
+        try:
+            await self._update(intent)
+        except RuntimeError as exc:  # the BFD child is gone (not this agent's fault)
+            log.warning("bfd_unavailable", node=self.node, error=str(exc))
+
+    def forget(self) -> None:
+        """The BFD child was replaced: every session is gone with it; start from nothing."""
+        self.sessions.clear()
+        self.states.clear()
+        self._by_disc.clear()
+
+    async def _update(self, intent: Intent | None) -> None:
         async with self._lock:
             wanted = wanted_sessions(intent, self.mode, self.peer_limit)
             if intent is not None:

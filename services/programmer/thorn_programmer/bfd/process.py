@@ -141,6 +141,11 @@ class BfdProcess:
             self.close(admin_down=False)
             raise RuntimeError("the BFD child process did not start")
 
+    @property
+    def alive(self) -> bool:
+        """The child runs and answers (False once it exited or its pipe closed)."""
+        return self._process is not None and not self._gone
+
     def add(
         self, config: SessionConfig, *, ifname: str | None = None, netns: str | None = None
     ) -> None:

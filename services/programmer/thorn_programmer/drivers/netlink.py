@@ -53,6 +53,7 @@ from thorn_programmer.kernel import (
 from thorn_programmer.netlink import TcBatchError, TcError, TcSocket
 
 CHUNK = 1024  # prebuilt messages per batch handed to the sender
+INLINE_MESSAGES = 64  # a batch this small (and alone) is sent without the sender thread
 MAIN_TABLE = 254
 NUD_NOARP_PERMANENT = 0xC0
 NTF_SELF = 0x02
@@ -256,13 +257,26 @@ class NetlinkDatapath:
             else:
                 report.applied.append(change)
         if batch:
-            sending.append((batch, self._send(batch)))
+            sending.append((batch, self._send(batch, inline=not sending)))
         await self._collect(sending, report)
         return report
 
-    def _send(self, batch: list[tuple[Change, bytes]]) -> asyncio.Future[Sent]:
+    def _send(
+        self, batch: list[tuple[Change, bytes]], *, inline: bool = False
+    ) -> asyncio.Future[Sent]:
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._sender, self._send_now, [m for _, m in batch])
+        messages = [m for _, m in batch]
+        if inline and len(messages) <= INLINE_MESSAGES:
+            # A failover's few messages: sent from the loop thread itself (microseconds in
+            # the kernel), not handed to the sender thread, which under load waits for the
+            # GIL behind whatever else the process is doing. Nothing else is in flight.
+            done: asyncio.Future[Sent] = loop.create_future()
+            try:
+                done.set_result(self._send_now(messages))
+            except Exception as exc:  # as from the executor: raised where it is awaited
+                done.set_exception(exc)
+            return done
+        return loop.run_in_executor(self._sender, self._send_now, messages)
 
     def _send_now(self, messages: list[bytes]) -> Sent:
         try:
