@@ -369,4 +369,26 @@ async def test_a_dead_bfd_child_makes_healthz_say_so_and_comes_back_with_its_ses
         sessions = bfd.sessions()
         return len(sessions) == before and all(s.state.name == "UP" for s in sessions)
 
-    await f.until(all_up_again, 30, "every session re-added and up")
+    try:
+        await f.until(all_up_again, 30, "every session re-added and up")
+    except AssertionError as exc:
+        states = sorted((s.netns, s.peer, s.state.name) for s in bfd.sessions())
+        raise AssertionError(f"{exc}: {len(states)}/{before}: {states}") from None
+
+
+async def test_a_programmer_restart_under_traffic_loses_nothing_and_changes_nothing(
+    system: Fabric_,
+) -> None:
+    """The agents go away and come back while a flow runs: the kernel keeps forwarding, and
+    the restarted agents' first reconcile finds nothing to change on any node."""
+    f = system
+    _, flow = await flow_on_red(f, 5108)
+    await f.stop("programmer")
+    await f.start("programmer", programmer_app(f.settings, bus=f.bus))
+    agents = f.apps["programmer"][0].state.agents
+    await f.until(lambda: all(a.status.reconciles >= 1 for a in agents), 20,
+                  "every restarted agent reconciled")  # fmt: skip
+    changed = {a.node: a.status.last_changes for a in agents if a.status.last_changes}
+    assert changed == {}
+    report = await asyncio.to_thread(flow.wait)
+    assert report.lost == 0, report.lost_ranges

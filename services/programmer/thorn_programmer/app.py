@@ -230,8 +230,7 @@ async def _start_bfd(
         nodes.append(sessions)
 
         async def readd(sessions: BfdSessions = sessions, agent: NodeAgent = agent) -> None:
-            sessions.forget()  # the old child took every session with it
-            await sessions.update(agent.applied)
+            await sessions.restart(agent.applied)  # the old child took every session with it
 
         manager.on_restart.append(readd)
 

@@ -184,55 +184,68 @@ class BfdSessions:
 
     async def update(self, intent: Intent | None) -> None:
         """Start the sessions the intent calls for and stop the others (AdminDown first).
-        With the BFD child gone this does nothing: the runner's watchdog starts a new child
-        and calls `forget` then `update` again."""
-        try:
+        With the BFD child gone this does nothing: the watchdog starts a new child and
+        calls `restart`."""
+        async with self._lock:
             await self._update(intent)
+
+    async def restart(self, intent: Intent | None) -> None:
+        """The BFD child was replaced: every session went with the old one. Start again
+        from nothing (under the lock: no update runs half against the old child)."""
+        async with self._lock:
+            kept = frozenset(self.sessions)  # kept links too (see _kept_links)
+            self.sessions.clear()
+            self.states.clear()
+            self._by_disc.clear()
+            await self._update(intent, also=kept)
+
+    async def _update(
+        self, intent: Intent | None, also: frozenset[WantedSession] = frozenset()
+    ) -> None:
+        try:
+            await self._apply_wanted(intent, also)
         except RuntimeError as exc:  # the BFD child is gone (not this agent's fault)
             log.warning("bfd_unavailable", node=self.node, error=str(exc))
 
-    def forget(self) -> None:
-        """The BFD child was replaced: every session is gone with it; start from nothing."""
-        self.sessions.clear()
-        self.states.clear()
-        self._by_disc.clear()
-
-    async def _update(self, intent: Intent | None) -> None:
-        async with self._lock:
-            wanted = wanted_sessions(intent, self.mode, self.peer_limit)
-            if intent is not None:
-                wanted |= self._kept_links(wanted)
-            for key in set(self.sessions) - wanted:
-                disc = self.sessions.pop(key)
-                with contextlib.suppress(KeyError):
-                    await asyncio.to_thread(self.manager.remove, disc)
-                self._by_disc.pop(disc, None)
-                self.states.pop(disc, None)
-                if not key.multihop and key.ifname is not None:
-                    # Nothing watches that neighbour any more: no reason to keep its port's
-                    # primaries withdrawn (a no-op if they were not).
-                    self.restore(key.ifname, f"bfd session to {key.peer} removed")
-            for key in sorted(wanted - set(self.sessions), key=repr):
-                disc = self.discriminators.take()
-                config = SessionConfig(
-                    local_discriminator=disc, peer=key.peer, local_address=key.local,
-                    desired_min_tx_us=self.interval_us, required_min_rx_us=self.interval_us,
-                    detect_mult=self.multiplier, multihop=key.multihop,
-                    min_ttl=PEER_MIN_TTL if key.multihop else None,
-                )  # fmt: skip
-                # Known before it starts: its first events may arrive before `add` returns.
-                self._by_disc[disc], self.states[disc] = key, State.DOWN
-                try:
-                    await asyncio.to_thread(
-                        self.manager.add, config, ifname=key.ifname, netns=self.netns
-                    )
-                except (OSError, ValueError) as exc:
-                    # e.g. the port is gone already: the next intent tries again
-                    del self._by_disc[disc], self.states[disc]
-                    log.warning("bfd_session_not_started", node=self.node, peer=key.peer,
-                                port=key.ifname, error=str(exc))  # fmt: skip
-                    continue
-                self.sessions[key] = disc
+    async def _apply_wanted(
+        self, intent: Intent | None, also: frozenset[WantedSession] = frozenset()
+    ) -> None:
+        """The lock is held by the caller; `also`: sessions to run whatever the intent says
+        (after a restart of the BFD child: what ran before it)."""
+        wanted = wanted_sessions(intent, self.mode, self.peer_limit)
+        if intent is not None:
+            wanted |= self._kept_links(wanted) | also
+        for key in set(self.sessions) - wanted:
+            disc = self.sessions.pop(key)
+            with contextlib.suppress(KeyError):
+                await asyncio.to_thread(self.manager.remove, disc)
+            self._by_disc.pop(disc, None)
+            self.states.pop(disc, None)
+            if not key.multihop and key.ifname is not None:
+                # Nothing watches that neighbour any more: no reason to keep its port's
+                # primaries withdrawn (a no-op if they were not).
+                self.restore(key.ifname, f"bfd session to {key.peer} removed")
+        for key in sorted(wanted - set(self.sessions), key=repr):
+            disc = self.discriminators.take()
+            config = SessionConfig(
+                local_discriminator=disc, peer=key.peer, local_address=key.local,
+                desired_min_tx_us=self.interval_us, required_min_rx_us=self.interval_us,
+                detect_mult=self.multiplier, multihop=key.multihop,
+                min_ttl=PEER_MIN_TTL if key.multihop else None,
+            )  # fmt: skip
+            # Known before it starts: its first events may arrive before `add` returns.
+            self._by_disc[disc], self.states[disc] = key, State.DOWN
+            try:
+                await asyncio.to_thread(
+                    self.manager.add, config, ifname=key.ifname, netns=self.netns
+                )
+            except (OSError, ValueError) as exc:
+                # e.g. the port is gone already: the next intent tries again
+                del self._by_disc[disc], self.states[disc]
+                log.warning("bfd_session_not_started", node=self.node, peer=key.peer,
+                            port=key.ifname, error=str(exc))  # fmt: skip
+                continue
+            self.sessions[key] = disc
 
     def _kept_links(self, wanted: frozenset[WantedSession]) -> frozenset[WantedSession]:
         """Single-hop sessions outlive the routes that started them: a link watched only
