@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-kernel lint openapi bench venv test-deps clean
+.PHONY: run test test-kernel lint openapi bench bench-failover venv test-deps clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,12 @@ bench: venv
 	$(BIN)/python tests/bench/bench_health.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_carrier.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_bfd.py --write docs/benchmarks.md
+
+## bench-failover: random single failures on a lab under all-to-all traffic (root); the gap
+## distribution goes to docs/benchmarks.md, JSON and a CDF plot to docs/images/
+bench-failover: venv
+	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install --quiet matplotlib
+	$(BIN)/python tests/bench/bench_failover.py --failures 100 --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache  # .thorn (store, token) is kept
