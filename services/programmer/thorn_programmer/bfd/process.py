@@ -201,7 +201,11 @@ class BfdProcess:
         with self._lock:
             ident = next(self._ids)
             self._pending[ident] = future
-            conn.send((ident, op, args, kwargs))
+            try:
+                conn.send((ident, op, args, kwargs))
+            except OSError as exc:  # the child died before the reader thread noticed
+                self._pending.pop(ident, None)
+                raise RuntimeError("the BFD process is gone") from exc
         return future.result(_REQUEST_TIMEOUT_S)
 
     def _read(self) -> None:
