@@ -30,6 +30,7 @@ from thorn_programmer.bfd import BfdManager, EventQueue, SessionConfig, State
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import SwitchIntent, switch_intent
+from thorn_programmer.monitor import LinkEvent, LinkMonitor
 from thorn_programmer.reconcile import reconcile
 from thorn_programmer.repair import LocalRepair
 
@@ -194,6 +195,43 @@ async def test_admin_down_of_the_primary_port_leaves_the_backup(
     assert {triangle.route_get(dst) for dst in PROTECTED} == {"a2"}
 
 
+async def test_routes_through_an_admin_down_port_are_deferred_and_back_when_it_comes_up(
+    triangle: Triangle, switch: SwitchRouteDriver
+) -> None:
+    """A switch going down (every port admin down) loses its routes and the kernel refuses
+    new ones through its ports. Its agent still acknowledges its document (the routes are
+    deferred, not errors) and puts them back as soon as each port is up, from the link
+    monitor's event, with nothing else asked of it."""
+    repair = LocalRepair("s")
+    repair.attach(switch)
+    monitor = LinkMonitor(triangle.s)
+    monitor.start()
+
+    async def follow() -> None:
+        async for item in monitor:
+            if isinstance(item, LinkEvent):
+                repair.link(item)
+
+    follower = asyncio.create_task(follow())
+    try:
+        await asyncio.sleep(0.2)  # the monitor's first dump: every port up
+        sh("ip", "-n", triangle.s, "link", "set", "a1", "down")
+        result = await reconcile(switch, switch_intent(document(revision=2)))
+        assert result.errors == []
+        assert {(c.change.obj.key[1], c.change.obj.dev) for c in result.deferred} == {
+            (f"{dst}/32", "a1") for dst in (*PROTECTED, UNPROTECTED)
+        }
+        sh("ip", "-n", triangle.s, "link", "set", "a1", "up")
+        await asyncio.to_thread(wait_for, lambda: triangle.table() == INSTALLED)
+        await repair.idle()
+        assert repair.last is not None and (repair.last.op, repair.last.port) == ("reassert", "a1")
+        again = await reconcile(switch, switch_intent(document(revision=3)))
+        assert again.applied == [] and again.ok
+    finally:
+        follower.cancel()
+        monitor.close()
+
+
 def config(disc: int, peer: str, local: str) -> SessionConfig:
     return SessionConfig(disc, peer, local, 10_000, 10_000, 3)
 
@@ -262,7 +300,9 @@ async def test_bfd_down_withdraws_the_primaries_in_one_message_until_the_session
         await until(all_up)
         await until(lambda: repair.last is not None and repair.last.op == "restore", 1)
         assert repair.last is not None
-        assert (repair.last.op, repair.last.routes, repair.last.sendmsgs) == ("restore", 2, 1)
+        # its two primaries back, and its unprotected route re-asserted (an add that finds
+        # the route in place changes nothing)
+        assert (repair.last.op, repair.last.routes, repair.last.sendmsgs) == ("restore", 3, 1)
         assert triangle.table() == INSTALLED
         assert (await reconcile(switch, switch_intent(document(revision=3)))).applied == []
     finally:

@@ -66,6 +66,22 @@ def test_a_red_spine_link_moves_every_source_behind_it_to_blue() -> None:
     assert host1 and host1[0].colour == "blue" and "host3" in host1[0].peers
 
 
+def test_the_served_plan_still_flips_while_an_update_for_another_link_runs() -> None:
+    """A failing spine's links reach pathcomp one after another: the second link's urgent
+    flips are read from the served plan while the first link's update is computed, so an
+    update must leave the plan it started from whole."""
+    fabric = Fabric.from_document(leaf_spine(2, 4, 2))
+    plan = Plan.compute(fabric)
+    states = DesiredStates.build(fabric, plan, revision=1)
+    red_uplink = {src: plan.pair(src, "host3").red for src in ("host1", "host7")}
+    first, second = (path.links[1] for path in red_uplink.values() if path is not None)
+    before = {lid: link_flips(states, lid) for lid in (first, second)}
+    updated, _ = plan.update_links({first: False}, fabric.revision)
+    assert {lid: link_flips(states, lid) for lid in (first, second)} == before
+    assert before[second]
+    assert updated.users != plan.users  # the update has its own index
+
+
 def test_a_single_homed_hosts_own_link_flips_nothing() -> None:
     """Both colours cross it: no flip helps (the plan reports it as a shared risk)."""
     fabric = Fabric.from_document(leaf_spine(2, 4, 2))

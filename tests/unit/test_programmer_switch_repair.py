@@ -23,6 +23,7 @@ from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import NextHop, SwitchIntent, UnderlayRoute, host_intent, switch_intent
 from thorn_programmer.kernel import BACKUP_METRIC, PRIMARY_METRIC, RTPROT_THORN, Change, diff
 from thorn_programmer.kernel import Route as KernelRoute
+from thorn_programmer.monitor import LinkEvent, OperState
 from thorn_programmer.netlink.constants import NlmFlag
 from thorn_programmer.render import flower_objects, switch_objects
 from thorn_programmer.repair import LocalRepair
@@ -192,8 +193,51 @@ async def test_a_withdrawn_port_loses_its_protected_primaries_until_it_is_restor
     assert [(c.op, c.obj.key) for c in driver.changes[-1]] == [
         ("add", ("route", "10.224.0.16/32", 10)),
         ("add", ("route", "10.224.0.17/32", 10)),
+        # and whatever else goes through the port, in case it was admin down meanwhile
+        # (which deleted its routes); an add of a route still there changes nothing
+        ("add", ("route", "10.224.0.18/32", 10)),
+        ("add", ("route", "10.240.0.16/32", 20)),
     ]
     assert driver.render(protected()) == switch_objects(protected())
+
+
+def link(ifname: str, admin_up: bool) -> LinkEvent:
+    return LinkEvent(ifname, 7, admin_up, admin_up, OperState.UP if admin_up else
+                     OperState.DOWN, False, 0, None)  # fmt: skip
+
+
+async def test_a_port_back_from_admin_down_gets_all_its_routes_again_at_once() -> None:
+    """The kernel deleted them when the port went down; they must be back before the
+    neighbour's BFD session comes Up and sends traffic this way."""
+    driver, repair = Recording(), LocalRepair("spine1")
+    repair.attach(driver)
+    driver.render(protected())
+    repair.link(link("swp1", True))  # what the monitor's first dump says: nothing to do
+    repair.link(link("swp1", False))
+    await repair.idle()
+    assert driver.changes == []
+    repair.link(link("swp1", True))
+    await repair.idle()
+    assert [(c.op, c.obj.key) for c in driver.changes[-1]] == [
+        ("add", ("route", "10.224.0.16/32", 10)),
+        ("add", ("route", "10.224.0.17/32", 10)),
+        ("add", ("route", "10.224.0.18/32", 10)),
+        ("add", ("route", "10.240.0.16/32", 20)),
+    ]
+    assert repair.last is not None and (repair.last.op, repair.last.routes) == ("reassert", 4)
+
+
+async def test_a_withdrawn_port_back_from_admin_down_keeps_its_protected_primaries_out() -> None:
+    driver, repair = Recording(), LocalRepair("leaf1")
+    repair.attach(driver)
+    driver.render(protected())
+    repair.link(link("swp1", False))
+    repair.withdraw("swp1", "bfd down")
+    repair.link(link("swp1", True))  # carrier is back, BFD not Up yet
+    await repair.idle()
+    readded = {c.obj.key for c in driver.changes[-1]}
+    assert ("route", "10.224.0.16/32", 10) not in readded  # left to its backup until BFD Up
+    assert ("route", "10.224.0.18/32", 10) in readded  # no backup: it stays in any case
 
 
 async def test_a_quick_down_then_up_ends_with_the_port_restored() -> None:
@@ -205,9 +249,9 @@ async def test_a_quick_down_then_up_ends_with_the_port_restored() -> None:
     repair.restore("swp1", "bfd up")  # once more: nothing left to do
     await repair.idle()
     assert [[c.op for c in changes] for changes in driver.changes] == [
-        ["delete", "delete"], ["add", "add"]]  # fmt: skip
+        ["delete", "delete"], ["add"] * 4]  # fmt: skip
     assert repair.withdrawn == set()
-    assert repair.last is not None and (repair.last.op, repair.last.routes) == ("restore", 2)
+    assert repair.last is not None and (repair.last.op, repair.last.routes) == ("restore", 4)
 
 
 async def test_a_withdraw_with_no_driver_yet_is_kept_for_the_first_rendering() -> None:

@@ -299,16 +299,31 @@ class Plan:
         self.sources = graph.sources
         # edge index -> groups whose trees take it: what a failing link touches
         self.users: dict[int, set[Group]] = {}
+        # Edges whose set this plan may change in place; None: all of them. A plan made by
+        # an update shares the sets of its predecessor, which keeps serving (urgent flips
+        # read it while the update runs), and copies a set before its first change.
+        self._owned: set[int] | None = None
         for group, group_trees_ in trees.items():
             self._index(group, group_trees_)
 
+    def _users_of(self, edge: int) -> set[Group]:
+        """The set of groups using `edge`, this plan's own to change."""
+        found = self.users.get(edge)
+        if found is None:
+            found = self.users[edge] = set()
+        elif self._owned is not None and edge not in self._owned:
+            found = self.users[edge] = set(found)
+        if self._owned is not None:
+            self._owned.add(edge)
+        return found
+
     def _index(self, group: Group, trees: GroupTrees) -> None:
         for edge in trees.uses():
-            self.users.setdefault(edge, set()).add(group)
+            self._users_of(edge).add(group)
 
     def _unindex(self, group: Group, trees: GroupTrees) -> None:
         for edge in trees.uses():
-            self.users[edge].discard(group)
+            self._users_of(edge).discard(group)
 
     def _reindex(
         self, group: Group, old: GroupTrees, new: GroupTrees, switches: set[SwitchId]
@@ -329,9 +344,9 @@ class Plan:
                 for h in (new.next[0][v], new.next[1][v])
             )
             if used:
-                self.users.setdefault(edge, set()).add(group)
-            else:
-                self.users.get(edge, set()).discard(group)
+                self._users_of(edge).add(group)
+            elif edge in self.users:
+                self._users_of(edge).discard(group)
 
     @classmethod
     def compute(cls, fabric: Fabric, *, summarise: bool = True) -> Plan:
@@ -374,8 +389,8 @@ class Plan:
         """Move to `graph` (same structure), keeping every group no change can touch.
 
         A group is kept only when no changed link is in its trees, changes its distance
-        layers or colours, or could become one of its choices. This plan's edge index moves
-        to the new plan: update a plan once, then use the one returned.
+        layers or colours, or could become one of its choices. This plan stays whole: the
+        urgent flips of links failing meanwhile are read from it.
         """
         changed = [
             i
@@ -424,7 +439,8 @@ class Plan:
         plan = Plan.__new__(Plan)
         plan.graph, plan.trees, plan.topology_revision = graph, new_trees, revision
         plan.summary, plan.sources = PlanSummary(), sources
-        plan.users, self.users = self.users, {}  # moved, not copied: it is large
+        # The index is shared and copied per edge on change: this plan keeps serving.
+        plan.users, plan._owned = dict(self.users), set()
         dropped = frozenset(set(self.trees) - groups)
         for group in dropped | (affected & set(self.trees)) - set(repaired_at):
             plan._unindex(group, self.trees[group])

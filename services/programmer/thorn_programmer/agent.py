@@ -290,6 +290,7 @@ class NodeAgent:
         level = log.warning if result.errors else log.info
         level("reconciled", node=self.node, driver=result.driver, revision=result.revision,
               changes=len(result.applied), errors=s.last_errors[:5],
+              deferred=len(result.deferred),
               ms=round(result.seconds * 1000, 2))  # fmt: skip
 
     async def _heartbeat(self) -> None:

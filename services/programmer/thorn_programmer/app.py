@@ -131,7 +131,9 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 for node, netns in served
             ]  # fmt: skip
             reporters = [
-                Reporter(node, the_bus, netns, period=settings.report_seconds)
+                Reporter(
+                    node, the_bus, netns, period=settings.report_seconds, on_link=repairs[node].link
+                )
                 for node, netns in served
             ]
             tasks = []

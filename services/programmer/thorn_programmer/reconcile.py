@@ -4,7 +4,9 @@ Idempotent by construction: a second run reads back what the first wrote and fin
 to do, so restarting the agent causes no rule churn. A pass whose changes succeeded is
 followed by another read, because one change can take others with it (replacing a VXLAN
 device drops its FDB entries); passes stop when nothing is left, or when what is left is
-what just failed (those errors are reported, never swallowed).
+what just failed (those errors are reported, never swallowed). Changes a driver defers
+(a switch route through a port that is admin down, which the kernel refuses until the port
+is up) are reported apart and carried out when the port comes up (repair.LocalRepair.link).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class ReconcileResult:
     driver: str
     applied: list[Change] = field(default_factory=list)
     errors: list[ApplyError] = field(default_factory=list)
+    deferred: list[ApplyError] = field(default_factory=list)  # see ApplyReport.deferred
     passes: int = 0
     seconds: float = 0.0
 
@@ -55,7 +58,8 @@ async def reconcile(driver: NetlinkDatapath, intent: Intent) -> ReconcileResult:
         report = await driver.apply(todo)
         result.applied += report.applied
         result.errors += report.errors
-        failed |= {(e.change.op, e.change.obj.key) for e in report.errors}
+        result.deferred += report.deferred
+        failed |= {(e.change.op, e.change.obj.key) for e in report.errors + report.deferred}
         if not report.applied:
             break
     result.seconds = time.perf_counter() - start

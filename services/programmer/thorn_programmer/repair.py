@@ -14,6 +14,11 @@ The override ends when the session comes Up again (`restore`: the primaries go b
 as they do when carrier returns) or when the session is removed (its port got another
 neighbour, or the node left the fabric). One `LocalRepair` per node lives as long as the
 process, so the override outlives a restarted agent and the driver it reopens.
+
+A port set admin down loses its routes in the kernel, and none can be added while it stays
+down (the driver defers them). `link` follows the port's admin state from the agent's link
+monitor: when it comes up again, its routes go back at once (`reassert`), before the
+neighbour's BFD session can come Up and send traffic this way.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import structlog
 from prometheus_client import Counter
 
 from thorn_programmer.drivers.switch import SwitchRouteDriver
+from thorn_programmer.monitor import LinkEvent
 
 log = structlog.get_logger("thorn.programmer.repair")
 
@@ -37,7 +43,7 @@ LOCAL_REPAIRS = Counter(
     ["node", "op"],
 )
 
-Op = Literal["withdraw", "restore"]
+Op = Literal["withdraw", "restore", "reassert"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +67,7 @@ class LocalRepair:
         self.withdrawn: set[str] = set()
         self.driver: SwitchRouteDriver | None = None
         self.last: RepairRecord | None = None
+        self._admin_up: dict[str, bool] = {}  # per port, as the link monitor last saw it
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -78,6 +85,14 @@ class LocalRepair:
     def restore(self, port: str, reason: str) -> None:
         self._spawn("restore", port, reason)
 
+    def link(self, event: LinkEvent) -> None:
+        """A link monitor event (on the agent's loop): a port back to admin up gets its
+        routes again."""
+        was = self._admin_up.get(event.ifname)
+        self._admin_up[event.ifname] = event.admin_up and not event.deleted
+        if was is False and event.admin_up and not event.deleted and self.driver is not None:
+            self._spawn("reassert", event.ifname, "port admin up")
+
     async def idle(self) -> None:
         """Wait until every withdraw and restore asked for so far is done."""
         while self._tasks:
@@ -92,20 +107,22 @@ class LocalRepair:
 
     async def _run(self, op: Op, port: str, reason: str, start: float) -> None:
         async with self._lock:  # state is checked here, so a quick Down then Up ends Up
-            if (port in self.withdrawn) == (op == "withdraw"):
+            if op != "reassert" and (port in self.withdrawn) == (op == "withdraw"):
                 return  # already so
             driver = self.driver
             if driver is None:  # no datapath yet: its first reconcile renders the override
                 if op == "withdraw":
                     self.withdrawn.add(port)
-                else:
+                elif op == "restore":
                     self.withdrawn.discard(port)
                 return
             try:
                 if op == "withdraw":
                     report = await driver.withdraw_port(port)
-                else:
+                elif op == "restore":
                     report = await driver.restore_port(port)
+                else:
+                    report = await driver.reassert_port(port)
             except Exception:
                 # The override is in place (the driver sets it first): the next reconcile
                 # carries it out. Logged, so the failure is seen.
@@ -114,6 +131,8 @@ class LocalRepair:
         seconds = time.perf_counter() - start
         # ESRCH: the kernel removed that route already (the port went admin down).
         errors = [e.message for e in report.errors if e.errno != errno.ESRCH]
+        if op == "reassert" and not report.applied and not errors:
+            return  # nothing routed through it
         self.last = RepairRecord(op, port, reason, len(report.applied), report.sendmsgs,
                                  seconds, errors)  # fmt: skip
         LOCAL_REPAIRS.labels(self.node, op).inc()

@@ -84,6 +84,9 @@ class ApplyError:
 class ApplyReport:
     applied: list[Change] = field(default_factory=list)
     errors: list[ApplyError] = field(default_factory=list)
+    # Refused for a reason that is no fault of the desired state and passes by itself (a
+    # switch route through a port that is admin down now): not errors, done when it clears.
+    deferred: list[ApplyError] = field(default_factory=list)
     sendmsgs: int = 0  # sendmsg calls that carried the prebuilt messages
 
 

@@ -8,22 +8,32 @@ backup when the primary's port loses carrier (and back when carrier returns); an
 port's routes are deleted by the kernel, which leaves the backup. A failure only BFD sees is
 `withdraw_port`: the primaries through the port go in one batch, and stay out of every
 rendering until `restore_port`.
+
+A port that is admin down (a switch going down, a lab's `node_down`) has lost its routes,
+and the kernel refuses new ones through it: those are deferred, not errors (the agent still
+acknowledges its document), and `reassert_port` puts them back the moment the port is up.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+from collections.abc import Sequence
 from typing import ClassVar
 
 from pyroute2 import AsyncIPRoute
 
 from thorn_programmer.drivers.netlink import ApplyReport, NetlinkDatapath
 from thorn_programmer.intent import Intent, SwitchIntent
-from thorn_programmer.kernel import KernelObject, diff
+from thorn_programmer.kernel import Change, KernelObject, Route, diff
 from thorn_programmer.netlink import TcSocket
 from thorn_programmer.render import switch_objects
 
 LINKDOWN = "ignore_routes_with_linkdown"
+IFF_UP = 0x1
+# What the kernel answers for a route through an admin-down port ("Nexthop has invalid
+# gateway" is ENETUNREACH; a device without IFF_UP, ENETDOWN).
+PORT_DOWN_ERRNOS = frozenset({errno.ENETUNREACH, errno.ENETDOWN})
 
 
 class SwitchRouteDriver(NetlinkDatapath):
@@ -62,6 +72,36 @@ class SwitchRouteDriver(NetlinkDatapath):
     def _overridden(intent: SwitchIntent, withdrawn: set[str] | frozenset[str]) -> SwitchIntent:
         return dataclasses.replace(intent, withdrawn=intent.withdrawn | withdrawn)
 
+    async def apply(self, changes: Sequence[Change]) -> ApplyReport:
+        report = await super().apply(changes)
+        suspects = {e.change.obj.dev for e in report.errors
+                    if isinstance(e.change.obj, Route) and e.errno in PORT_DOWN_ERRNOS}  # fmt: skip
+        if suspects:  # the error path only: one link read per port
+            down = {dev for dev in suspects if not await self._admin_up(dev)}
+            refused = [e for e in report.errors if isinstance(e.change.obj, Route)
+                       and e.errno in PORT_DOWN_ERRNOS and e.change.obj.dev in down]  # fmt: skip
+            report.deferred += refused
+            report.errors = [e for e in report.errors if e not in refused]
+        return report
+
+    async def _admin_up(self, dev: str) -> bool:
+        index = self.ifindex.get(dev)
+        if index is None:
+            return True  # gone: not an admin-down port, the error stands
+        links = list(await self.ip.link("get", index=index))  # "get" answers a list
+        return bool(links and links[0]["flags"] & IFF_UP)
+
+    async def reassert_port(self, port: str) -> ApplyReport:
+        """`port` is admin up again: the kernel deleted its routes when it went down, so
+        every route of the last rendering through it goes back now, one batch (an add is a
+        replace: routes still there are left as they are)."""
+        intent = self.intent
+        if intent is None:
+            return ApplyReport()
+        rendered = switch_objects(self._overridden(intent, self.withdrawn))
+        return await self.apply([Change("add", o, None) for o in rendered
+                                 if isinstance(o, Route) and o.dev == port])  # fmt: skip
+
     async def withdraw_port(self, port: str) -> ApplyReport:
         """The link on `port` failed (its BFD session went Down): remove the primaries through
         it that have a backup on another port, now. Computed from the last rendering, without
@@ -70,7 +110,9 @@ class SwitchRouteDriver(NetlinkDatapath):
         return await self._move(port, withdraw=True)
 
     async def restore_port(self, port: str) -> ApplyReport:
-        """The link on `port` works again (BFD Up): its primaries go back, one batch."""
+        """The link on `port` works again (BFD Up): its primaries go back, one batch, with
+        every other route through it (the port may have been admin down meanwhile, which
+        deleted them)."""
         return await self._move(port, withdraw=False)
 
     async def _move(self, port: str, *, withdraw: bool) -> ApplyReport:
@@ -83,4 +125,9 @@ class SwitchRouteDriver(NetlinkDatapath):
         if intent is None:  # nothing rendered yet: the first reconcile sees the override
             return ApplyReport()
         now = switch_objects(self._overridden(intent, self.withdrawn))
-        return await self.apply(diff(now, switch_objects(self._overridden(intent, before))))
+        changes = diff(now, switch_objects(self._overridden(intent, before)))
+        if not withdraw:
+            moved = {c.obj.key for c in changes}
+            changes += [Change("add", o, None) for o in now if isinstance(o, Route)
+                        and o.dev == port and o.key not in moved]  # fmt: skip
+        return await self.apply(changes)
