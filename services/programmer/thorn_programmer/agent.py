@@ -18,8 +18,10 @@ without reading the kernel or waiting for the controller, and reports a `failove
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
@@ -80,8 +82,21 @@ BAD_DOCUMENTS = Counter(
     ["node"],
 )  # fmt: skip
 
+UNSENT = Counter(
+    "thorn_programmer_events_unsent_total",
+    "Applied reports and failover events NATS did not take: kept to send again (failover "
+    "events, up to OUTBOX_LIMIT) or restated by the next report (applied)",
+    ["node", "kind"],
+)
+FAILOVERS_DROPPED = Counter(
+    "thorn_programmer_failover_events_dropped_total",
+    "Failover events dropped because more than OUTBOX_LIMIT waited for NATS",
+    ["node"],
+)
+
 _DOCUMENT: TypeAdapter[DesiredState] = TypeAdapter(DesiredState)
 HEARTBEAT_SECONDS = 15.0  # well inside pathcomp's 60 s liveness window
+OUTBOX_LIMIT = 1000  # failover events kept while NATS is away (the oldest go first)
 
 # (kind, netns) -> the driver, as an async context manager
 DriverFactory = Callable[[str, str | None], AbstractAsyncContextManager[NetlinkDatapath]]
@@ -136,6 +151,11 @@ class NodeAgent:
         self.reconciled = asyncio.Event()  # set after every reconcile (tests wait on it)
         # Called with each intent once applied (BFD sessions follow what was programmed).
         self._flips: set[asyncio.Task[None]] = set()
+        # Failover events NATS did not take yet, sent again before the next one and with
+        # each heartbeat: the failover history must not lose what happened while it was away.
+        # Each with its Nats-Msg-Id: a publish that timed out may still have been stored (the
+        # client sends what it buffered on reconnect), and the stream keeps one copy.
+        self.outbox: collections.deque[tuple[str, FailoverEvent]] = collections.deque()
         self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
 
     # --- running ---------------------------------------------------------------------------
@@ -301,6 +321,7 @@ class NodeAgent:
             await asyncio.sleep(HEARTBEAT_SECONDS)
             if self._last_result is not None:
                 await self._report(self._last_result)
+            await self._send_outbox()
 
     async def _report(self, result: ReconcileResult) -> None:
         event = DatapathApplied(
@@ -308,8 +329,32 @@ class NodeAgent:
             plan_revision=result.revision, changes=len(result.applied),
             errors=self.status.last_errors, seconds=result.seconds, at=utcnow(),
         )  # fmt: skip
-        with contextlib.suppress(Exception):  # a report lost while NATS is away is resent next time
+        try:
             await self.bus.publish(event)
+        except Exception as exc:  # the heartbeat or the next reconcile restates it
+            UNSENT.labels(self.node, "applied").inc()
+            log.warning("applied_report_not_sent", node=self.node,
+                        revision=result.revision, error=str(exc))  # fmt: skip
+
+    async def _publish_failover(self, event: FailoverEvent) -> None:
+        """Send `event` after any still waiting; what NATS does not take waits in order."""
+        self.outbox.append((f"{self.node}-{uuid.uuid4().hex}", event))
+        while len(self.outbox) > OUTBOX_LIMIT:
+            self.outbox.popleft()
+            FAILOVERS_DROPPED.labels(self.node).inc()
+        await self._send_outbox()
+
+    async def _send_outbox(self) -> None:
+        while self.outbox:
+            try:
+                msg_id, event = self.outbox[0]
+                await self.bus.publish(event, msg_id=msg_id)
+            except Exception as exc:
+                UNSENT.labels(self.node, "failover").inc()
+                log.warning("failover_event_not_sent", node=self.node,
+                            waiting=len(self.outbox), error=str(exc))  # fmt: skip
+                return
+            self.outbox.popleft()
 
     # --- local fast failover -----------------------------------------------------------------
 
@@ -425,11 +470,10 @@ class NodeAgent:
         log.info("failover", node=self.node, tier=tier, to=colour, peers=moving[:10],
                  count=len(moving), kernel_ms=round(seconds * 1000, 3),
                  trace=trace.id if trace else None)  # fmt: skip
-        with contextlib.suppress(Exception):  # a lost event costs the history, not the flip
-            event = FailoverEvent(node=self.node, peers=moving, from_colour=current[moving[0]],
-                                  to_colour=colour, at=utcnow(), reason=reason, tier=tier,
-                                  kernel_ms=seconds * 1000, trace=trace)  # fmt: skip
-            await self.bus.publish(event)
+        event = FailoverEvent(node=self.node, peers=moving, from_colour=current[moving[0]],
+                              to_colour=colour, at=utcnow(), reason=reason, tier=tier,
+                              kernel_ms=seconds * 1000, trace=trace)  # fmt: skip
+        await self._publish_failover(event)  # after the kernel: the flip does not wait
         return seconds
 
 
