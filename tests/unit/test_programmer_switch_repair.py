@@ -17,6 +17,7 @@ import pytest
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from thorn.desired import Backup, HostState, Route, SwitchState
+from thorn.events import FailoverEvent
 from thorn_programmer.drivers.netlink import ApplyReport
 from thorn_programmer.drivers.routes import RTM_DELROUTE, RTM_NEWROUTE, route_message
 from thorn_programmer.drivers.switch import SwitchRouteDriver
@@ -262,3 +263,47 @@ async def test_a_withdraw_with_no_driver_yet_is_kept_for_the_first_rendering() -
     repair.attach(driver)  # e.g. the agent restarted and opened a new driver
     rendered = driver.render(protected())
     assert ("route", "10.224.0.16/32", 10) not in {o.key for o in rendered}
+
+
+def carrier(ifname: str, up: bool) -> LinkEvent:
+    return LinkEvent(ifname, 7, True, up, OperState.UP if up else OperState.LOWERLAYERDOWN,
+                     False, 1_700_000_000_000_000_000, None)  # fmt: skip
+
+
+async def test_each_switch_repair_is_a_switch_tier_failover_naming_what_it_moved() -> None:
+    driver, repair = Recording(), LocalRepair("leaf1")
+    repair.attach(driver)
+    events: list[FailoverEvent] = []
+    repair.on_failover = events.append
+    driver.render(protected())
+    repair.withdraw("swp1", "bfd to 10.0.0.33 on swp1 down")
+    await repair.idle()
+    [withdrawn] = events
+    assert (withdrawn.tier, withdrawn.node, withdrawn.to_colour) == ("switch", "leaf1", "backup")
+    assert withdrawn.peers == ["10.224.0.16/32", "10.224.0.17/32"]  # not .18: it has no backup
+    assert withdrawn.reason == "bfd to 10.0.0.33 on swp1 down"
+    assert withdrawn.trace is not None
+    assert [h.step for h in withdrawn.trace.hops] == ["detected", "agent_applied"]
+    assert {h.clock for h in withdrawn.trace.hops} == {"leaf1"}
+
+
+async def test_carrier_loss_under_protected_primaries_is_recorded_as_the_kernels_repair() -> None:
+    driver, repair = Recording(), LocalRepair("leaf1")
+    repair.attach(driver)
+    events: list[FailoverEvent] = []
+    repair.on_failover = events.append
+    driver.render(protected())
+    for port in ("swp1", "swp2"):
+        repair.link(carrier(port, True))
+    repair.link(carrier("swp1", False))
+    [moved] = events
+    assert (moved.tier, moved.kernel_ms, moved.peers) == (
+        "switch", 0.0, ["10.224.0.16/32", "10.224.0.17/32"])  # fmt: skip
+    assert "carrier lost on swp1" in moved.reason
+    repair.link(carrier("swp2", False))  # its primary's backup is on swp1, down too: no repair
+    assert len(events) == 1
+    repair.link(carrier("swp1", True))
+    repair.link(carrier("swp2", True))
+    repair.link(carrier("swp2", False))  # now its backup on swp1 takes over
+    repair.link(carrier("swp2", False))  # and a repeated state is no new event
+    assert len(events) == 2 and events[1].peers == ["10.240.0.16/32"]

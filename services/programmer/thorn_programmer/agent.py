@@ -336,6 +336,12 @@ class NodeAgent:
             log.warning("applied_report_not_sent", node=self.node,
                         revision=result.revision, error=str(exc))  # fmt: skip
 
+    def record_failover(self, event: FailoverEvent) -> None:
+        """Send a failover this node's repairs made (called on the loop; does not wait)."""
+        task = asyncio.create_task(self._publish_failover(event), name=f"failover-{self.node}")
+        self._flips.add(task)
+        task.add_done_callback(self._flips.discard)
+
     async def _publish_failover(self, event: FailoverEvent) -> None:
         """Send `event` after any still waiting; what NATS does not take waits in order."""
         self.outbox.append((f"{self.node}-{uuid.uuid4().hex}", event))

@@ -138,6 +138,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
             ]
             tasks = []
             for agent, reporter in zip(agents, reporters, strict=True):
+                repairs[agent.node].on_failover = agent.record_failover  # tier "switch"
 
                 def failed(why: str, status: AgentStatus = agent.status) -> None:
                     status.last_errors = [why]

@@ -19,6 +19,11 @@ A port set admin down loses its routes in the kernel, and none can be added whil
 down (the driver defers them). `link` follows the port's admin state from the agent's link
 monitor: when it comes up again, its routes go back at once (`reassert`), before the
 neighbour's BFD session can come Up and send traffic this way.
+
+Each repair is a failover of tier "switch" in the history (`on_failover`): a withdraw on BFD
+Down, and a port losing carrier while primaries with backups go through it (the kernel
+moved them, in no time the agent can measure: `kernel_ms` 0). Its `peers` are the
+destination TEP prefixes left to their backups, `to_colour` is "backup".
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Literal
 
 import structlog
 from prometheus_client import Counter
 
+from thorn.events import FailoverEvent, Trace, new_trace_id, utcnow
 from thorn_programmer.drivers.switch import SwitchRouteDriver
+from thorn_programmer.kernel import Route
 from thorn_programmer.monitor import LinkEvent
 
 log = structlog.get_logger("thorn.programmer.repair")
@@ -68,6 +77,9 @@ class LocalRepair:
         self.driver: SwitchRouteDriver | None = None
         self.last: RepairRecord | None = None
         self._admin_up: dict[str, bool] = {}  # per port, as the link monitor last saw it
+        self._carrier: dict[str, bool] = {}
+        # Where failover events go (the agent's outbox); None: nowhere (tests of the kernel).
+        self.on_failover: Callable[[FailoverEvent], None] | None = None
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -89,9 +101,40 @@ class LocalRepair:
         """A link monitor event (on the agent's loop): a port back to admin up gets its
         routes again."""
         was = self._admin_up.get(event.ifname)
+        had_carrier = self._carrier.get(event.ifname)
         self._admin_up[event.ifname] = event.admin_up and not event.deleted
-        if was is False and event.admin_up and not event.deleted and self.driver is not None:
+        self._carrier[event.ifname] = event.carrier and not event.deleted
+        if self.driver is None:
+            return
+        if was is False and event.admin_up and not event.deleted:
             self._spawn("reassert", event.ifname, "port admin up")
+        if had_carrier and not event.carrier and not event.deleted:
+            prefixes = self._protected_through(event.ifname)
+            if prefixes:
+                self._failover(prefixes, f"carrier lost on {event.ifname}: the kernel uses "
+                               "the backups", 0.0, event.at_ns / 1e9)  # fmt: skip
+
+    def _protected_through(self, port: str) -> list[str]:
+        """Destination prefixes whose primary goes through `port` and that have a backup."""
+        intent = self.driver.intent if self.driver is not None else None
+        if intent is None:
+            return []
+        # ... and whose backup's port still has carrier: otherwise nothing was repaired
+        protected = (r for r in intent.routes if r.backup is not None and r.backup.dev != port
+                     and self._carrier.get(r.backup.dev, True))  # fmt: skip
+        return sorted({r.prefix for r in protected if r.dev == port})
+
+    def _failover(self, prefixes: list[str], reason: str, kernel_ms: float,
+                  detected_at: float) -> None:  # fmt: skip
+        if self.on_failover is None:
+            return
+        detected = datetime.fromtimestamp(detected_at, UTC)
+        trace = Trace(id=new_trace_id()).then("detected", self.node, at=detected)
+        trace = trace.then("agent_applied", self.node)
+        self.on_failover(FailoverEvent(
+            node=self.node, peers=prefixes, from_colour=None, to_colour="backup", at=utcnow(),
+            reason=reason, tier="switch", kernel_ms=kernel_ms, trace=trace,
+        ))  # fmt: skip
 
     async def idle(self) -> None:
         """Wait until every withdraw and restore asked for so far is done."""
@@ -136,6 +179,9 @@ class LocalRepair:
         self.last = RepairRecord(op, port, reason, len(report.applied), report.sendmsgs,
                                  seconds, errors)  # fmt: skip
         LOCAL_REPAIRS.labels(self.node, op).inc()
+        if op == "withdraw" and report.applied:
+            moved = sorted({c.obj.prefix for c in report.applied if isinstance(c.obj, Route)})
+            self._failover(moved, reason, seconds * 1000, time.time() - seconds)
         level = log.error if errors else log.warning if op == "withdraw" else log.info
         level("local_repair", node=self.node, op=op, port=port, reason=reason,
               routes=len(report.applied), sendmsgs=report.sendmsgs,
