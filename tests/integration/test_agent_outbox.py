@@ -3,6 +3,7 @@ never wait for the bus, and the failover history must not lose what happened mea
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from prometheus_client import REGISTRY
@@ -43,17 +44,18 @@ async def test_failover_events_nats_did_not_take_are_sent_in_order_once_it_is_ba
 
             await server.astart()  # same port, same store
             await bus.wait_connected()
-            await agent._publish_failover(flip(4))  # the next one sends what waited first
+            # the next ones send what waited first, however many go at once
+            await asyncio.gather(*(agent._publish_failover(flip(n)) for n in (4, 5, 6)))
             assert not agent.outbox
 
             # once each: the client may have sent a timed-out publish on reconnect too
             stored = await bus.js.stream_info(STREAM_FAILOVER.name)
-            assert stored.state.messages == 3
+            assert stored.state.messages == 5
             reasons = []
             for seq in range(stored.state.first_seq, stored.state.last_seq + 1):
                 message = await bus.js.get_msg(STREAM_FAILOVER.name, seq)
                 assert message.data is not None
                 reasons.append(FailoverEvent.model_validate_json(message.data).reason)
-            assert reasons == ["flip 2", "flip 3", "flip 4"]
+            assert reasons == ["flip 2", "flip 3", "flip 4", "flip 5", "flip 6"]
     finally:
         await server.astop()

@@ -156,6 +156,7 @@ class NodeAgent:
         # Each with its Nats-Msg-Id: a publish that timed out may still have been stored (the
         # client sends what it buffered on reconnect), and the stream keeps one copy.
         self.outbox: collections.deque[tuple[str, FailoverEvent]] = collections.deque()
+        self._outbox_lock = asyncio.Lock()  # one sender at a time keeps the order
         self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
 
     # --- running ---------------------------------------------------------------------------
@@ -351,16 +352,18 @@ class NodeAgent:
         await self._send_outbox()
 
     async def _send_outbox(self) -> None:
-        while self.outbox:
-            try:
+        async with self._outbox_lock:
+            while self.outbox:
                 msg_id, event = self.outbox[0]
-                await self.bus.publish(event, msg_id=msg_id)
-            except Exception as exc:
-                UNSENT.labels(self.node, "failover").inc()
-                log.warning("failover_event_not_sent", node=self.node,
-                            waiting=len(self.outbox), error=str(exc))  # fmt: skip
-                return
-            self.outbox.popleft()
+                try:
+                    await self.bus.publish(event, msg_id=msg_id)
+                except Exception as exc:
+                    UNSENT.labels(self.node, "failover").inc()
+                    log.warning("failover_event_not_sent", node=self.node,
+                                waiting=len(self.outbox), error=str(exc))  # fmt: skip
+                    return
+                if self.outbox and self.outbox[0][0] == msg_id:  # not dropped meanwhile
+                    self.outbox.popleft()
 
     # --- local fast failover -----------------------------------------------------------------
 
