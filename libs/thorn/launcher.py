@@ -7,6 +7,10 @@ that fabric as an emulated lab of network namespaces (`thornctl lab`, prefix `TH
 `thorn`) and runs a programmer agent for every node of it, so the controller programs a real
 (emulated) datapath; `THORN_EMULATED_FABRIC=0` leaves the lab out.
 
+What it started is written to `<data dir>/run.json` (the API, every service's URL and log,
+the NATS URL, the lab's prefix), for scripts and benchmarks that drive a running THORN; it is
+removed on a clean stop.
+
 Then it supervises: a child that exits (a service, the programmer or nats-server) is started
 again with back-off (`thorn.supervisor` decides when; this module only polls and spawns),
 and nothing else is touched. A controller failure must never touch the data plane, so the
@@ -16,6 +20,7 @@ lab stays up. Only Ctrl-C, SIGTERM or SIGHUP stop everything and take the lab do
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -48,6 +53,7 @@ DEFAULT_FABRIC = {"spines": 2, "leaves": 4, "hosts_per_leaf": 4}
 EMULATED_BFD_INTERVAL_MS = 10
 EMULATED_BFD_PEERS = 2
 POLL_INTERVAL = 0.1  # how soon a dead child is noticed
+RUN_FILE = "run.json"
 LOG_TAIL_LINES = 5
 
 
@@ -240,6 +246,20 @@ def _stop(children: list[Child]) -> None:
             child.process.wait()
 
 
+def write_run_file(path: Path, children: list[Child], nats: EmbeddedNats, lab: str | None) -> None:
+    """What is running where, as JSON (written whole, then renamed: never seen half)."""
+    run = {
+        "pid": os.getpid(),
+        "api": children[0].url,
+        "nats": nats.url,
+        "lab": lab,
+        "services": {c.name: {"url": c.url, "log": str(c.log)} for c in children},
+    }
+    partial = path.with_suffix(".tmp")
+    partial.write_text(json.dumps(run, indent=1) + "\n")
+    partial.replace(path)
+
+
 def _seed(api: str, token: str) -> dict[str, int]:
     headers = {"Authorization": f"Bearer {token}"}
     summary: dict[str, int] = (
@@ -314,6 +334,7 @@ def main() -> None:
             lab_note,
             bfd_note(settings) if lab_built is not None else None,
         )
+        write_run_file(data_dir / RUN_FILE, children, nats, lab_built)
         supervisor = Supervisor()
         procs: list[Supervised] = [
             NatsChild(nats, logs / "nats-server.log", nats_started),
@@ -330,6 +351,7 @@ def main() -> None:
         sys.exit(1)
     finally:
         with console.status("stopping"):
+            (data_dir / RUN_FILE).unlink(missing_ok=True)
             _stop(children)
             if nats is not None:
                 nats.stop()

@@ -81,6 +81,14 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
         assert len(services) >= expected
         if os.geteuid() == 0:
             assert any(name.startswith(f"{lab}-") for name in netns_names())
+        run_file = tmp_path / "run.json"  # what scripts read, once everything is up
+        while not run_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        running = json.loads(run_file.read_text())
+        assert running["api"] == f"http://127.0.0.1:{port}"
+        assert running["nats"].startswith("nats://127.0.0.1:")
+        assert {"topology", "health", "pathcomp"} <= running["services"].keys()
+        assert running["lab"] == (lab if os.geteuid() == 0 else None)
         run.send_signal(signal.SIGINT)
         output, _ = run.communicate(timeout=STOP)
     finally:
@@ -91,6 +99,7 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
     assert run.returncode == 0, text
     assert token in text  # the generated admin token is printed on the run that made it
     assert "THORN stopped cleanly." in text
+    assert not (tmp_path / "run.json").exists()
     assert not any(Path(f"/proc/{pid}").exists() for pid in services)
     assert not any(name.startswith(f"{lab}-") for name in netns_names()), "the lab is down"
     # A second run reuses the saved token, loads nothing new, and does not print the secret.
