@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -458,12 +459,16 @@ class NodeAgent:
             if not moving:
                 self.overrides.save()
                 return 0.0
-            after = self.intent()
-            assert isinstance(after, HostIntent)
+            # From what the kernel has (the last applied intent), only the moving peers'
+            # colour changes: no rebuild from the documents on the critical path. The next
+            # reconcile renders the documents with the override, to the same result.
+            moved = set(moving)
+            after = dataclasses.replace(before, peers=tuple(
+                dataclasses.replace(p, colour=colour) if p.host in moved and colour in p.teps
+                else p for p in before.peers))  # fmt: skip
             driver = self._driver
             # Only the moving peers' objects are rendered (the critical path stays O(peers
             # moved), not O(every peer)): everything else renders the same either way.
-            moved = set(moving)
             changes = diff(driver.render(_only(after, moved)), driver.render(_only(before, moved)))
             start = time.perf_counter()
             report = await driver.apply(changes)
