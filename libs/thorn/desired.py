@@ -76,6 +76,12 @@ class SwitchState(_Doc):
     node: str
     plan_revision: int
     topology_revision: int
+    term: int = Field(
+        0,
+        ge=0,
+        description="the pathcomp leader's term that wrote it (a fencing token): an "
+        "agent ignores a document of an older term than the newest it has taken",
+    )
     routes: list[Route]
 
 
@@ -87,6 +93,12 @@ class HostState(_Doc):
     node: str
     plan_revision: int
     topology_revision: int
+    term: int = Field(
+        0,
+        ge=0,
+        description="the pathcomp leader's term that wrote it (a fencing token): an "
+        "agent ignores a document of an older term than the newest it has taken",
+    )
     teps: dict[ColourName, str]
     routes: list[Route]
     local: list[LocalWorkload]

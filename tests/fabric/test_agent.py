@@ -13,7 +13,9 @@ import os
 import uuid
 from collections.abc import AsyncIterator
 
+import orjson
 import pytest
+from prometheus_client import REGISTRY
 from twohosts import TwoHosts, documents, hosts_fixture, sh, tx_packets, udp_exchange  # noqa: F401  (hosts_fixture: the `hosts` fixture)
 
 from thorn.bus import Bus, DesiredStateStore
@@ -192,3 +194,31 @@ async def test_a_broken_document_is_ignored_and_the_last_good_one_kept(
     await asyncio.sleep(0.3)
     assert agents.agents["h1"].status.last_errors == []
     assert await asyncio.to_thread(udp_exchange, hosts) == 20
+
+
+async def test_a_document_of_an_older_leader_term_is_counted_and_ignored(
+    hosts: TwoHosts, kv: DesiredStateStore, agents: Agents
+) -> None:
+    """A deposed pathcomp leader that writes once more (its term is older than the one the
+    agent took) changes nothing on the node."""
+    docs = documents(hosts)
+    for key in ("node.h1", "node.h2"):
+        docs[key] = _with_term(docs[key], 9)
+    revisions = await put_all(kv, docs)
+    agents.start()
+    await agents.settled("h1", revisions["node.h1"])
+    before = REGISTRY.get_sample_value("thorn_programmer_stale_documents_total", {"node": "h1"})
+    stale = documents(hosts, {"h1": ["h2"]})["node.h1"]  # would move h1's traffic to blue
+    await kv.put("node.h1", _with_term(stale, 8))
+    await asyncio.sleep(0.3)
+    after = REGISTRY.get_sample_value("thorn_programmer_stale_documents_total", {"node": "h1"})
+    assert (after or 0) - (before or 0) == 1
+    agent = agents.agents["h1"]
+    assert agent.colour_of("h2") == "red"
+    result = await agent.reconcile_now()
+    assert result is not None and result.applied == []
+    assert await asyncio.to_thread(udp_exchange, hosts) == 20
+
+
+def _with_term(document: bytes, term: int) -> bytes:
+    return orjson.dumps({**orjson.loads(document), "term": term})

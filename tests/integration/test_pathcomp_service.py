@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 from pydantic import TypeAdapter
@@ -42,7 +43,7 @@ from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
 from thorn_pathcomp.plan import Plan
-from thorn_pathcomp.service import PathService
+from thorn_pathcomp.service import Deposed, PathService
 
 ADMIN, VIEWER = "thn_pc-admin", "thn_pc-viewer"
 WAIT = 10.0
@@ -404,3 +405,39 @@ async def test_a_new_leader_writes_what_the_dead_leader_left_unfinished(
                 break
             await asyncio.sleep(0.05)
         assert await repaired()
+
+
+async def test_a_deposed_leader_cannot_write_over_the_new_leaders_documents(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """Every document carries its writer's term; a new leader stamps them all with its own.
+    The old leader, paused past its lease and then resumed mid-write, finds another writer's
+    revision under its compare-and-set and stops: the KV keeps the new leader's document."""
+    async with AsyncExitStack() as second_stack:
+        first_stack = AsyncExitStack()
+        first = await replica(first_stack, fabric_store, bus, tmp_path)
+        old: PathService = first.state.pathcomp
+        await until(lambda: old.is_leader(), "first leads")
+        kv = await bus.desired_state()
+        old_term = orjson.loads((await kv.get(node_key("spine1"))).value)["term"]  # type: ignore[union-attr]  # fmt: skip
+        assert old_term > 0
+        second = await replica(second_stack, fabric_store, bus, tmp_path)
+        new: PathService = second.state.pathcomp
+        await first_stack.aclose()  # the old leader's lease goes; its PathService object stays
+        await until(lambda: new.is_leader(), "the second leads")
+
+        async def stamped() -> bool:
+            entry = await kv.get(node_key("spine1"))
+            return entry is not None and orjson.loads(entry.value or b"{}")["term"] > old_term
+
+        for _ in range(100):
+            if await stamped():
+                break
+            await asyncio.sleep(0.05)
+        assert await stamped(), "the new leader's term on every document"
+        now = await kv.get(node_key("spine1"))
+        assert now is not None
+        with pytest.raises(Deposed):
+            await old._write("spine1", b'{"stale": true}')  # as if resumed after a pause
+        after = await kv.get(node_key("spine1"))
+        assert after is not None and after.revision == now.revision

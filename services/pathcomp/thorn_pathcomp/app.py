@@ -49,7 +49,7 @@ def create_app(
             stack.push_async_callback(election.close)
             service = PathService(
                 the_store, kv, the_bus, lambda: election.is_leader,
-                stage_timeout=settings.stage_ack_seconds,
+                stage_timeout=settings.stage_ack_seconds, term=lambda: election.term,
             )  # fmt: skip
             app.state.pathcomp = service
             stack.push_async_callback(service.close)

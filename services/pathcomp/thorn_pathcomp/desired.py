@@ -99,6 +99,8 @@ class DesiredStates:
     _gaps: dict[Group, set[Group]] = field(default_factory=dict)
     _written: set[tuple[str, RouteKey]] = field(default_factory=set)
     _backup_docs: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    # The writing leader's term, stamped on every document (set by the service as it writes).
+    term: int = 0
 
     @classmethod
     def build(cls, fabric: Fabric, plan: Plan, revision: int) -> DesiredStates:
@@ -323,6 +325,7 @@ class DesiredStates:
             "node": node,
             "plan_revision": self.revision,
             "topology_revision": self.plan.topology_revision,
+            "term": self.term,
         }
         if node in self.switch_routes:
             routes = sorted(
@@ -348,7 +351,8 @@ class DesiredStates:
         routes = sorted(table.values(), key=lambda r: (r["prefix"], r["colour"] or ""))
         return orjson.dumps({
             "kind": "switch", "node": node, "plan_revision": self.revision,
-            "topology_revision": self.plan.topology_revision, "routes": routes,
+            "topology_revision": self.plan.topology_revision, "term": self.term,
+            "routes": routes,
         })  # fmt: skip
 
     def vni_documents(self) -> dict[str, bytes]:

@@ -21,7 +21,7 @@ import orjson
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
-from thorn.bus import PublishError
+from thorn.bus import DesiredStateConflict, PublishError
 from thorn.desired import node_key
 from thorn.events import (
     Event,
@@ -53,6 +53,10 @@ PLAN_SECONDS = Histogram(
 PLAN_REVISION = Gauge("thorn_pathcomp_plan_revision", "Plan revision this replica serves")
 UNPROTECTED = Gauge("thorn_pathcomp_unprotected_pairs", "Host pairs without a disjoint backup")
 KV_WRITES = Counter("thorn_pathcomp_kv_writes_total", "Desired-state documents written")
+FENCED_WRITES = Counter(
+    "thorn_pathcomp_fenced_writes_total",
+    "Desired-state writes that found another writer's revision in the KV (compare and set)",
+)
 CENTRAL_FLIPS = Counter(
     "thorn_pathcomp_central_flips_total", "Urgent flip messages sent to source hosts"
 )
@@ -72,8 +76,9 @@ class Entry(Protocol):
 
 
 def _same_document(entry: Entry, document: bytes) -> bool:
-    """Whether the KV's value is `document` apart from the revisions in its header (a new
-    leader's plan revision counts differently; the routes are what matter)."""
+    """Whether the KV's value is `document` apart from its plan revision (a new leader's
+    counts differently). The term is compared: a new leader stamps every document with its
+    own, so that agents can refuse the old leader's."""
     value = entry.value
     if value is None:
         return False
@@ -89,7 +94,14 @@ def _same_document(entry: Entry, document: bytes) -> bool:
 class KeyValue(Protocol):
     async def put(self, node: str, value: bytes) -> int: ...
 
+    async def update(self, node: str, value: bytes, *, last: int) -> int: ...
+
     async def get(self, node: str) -> Entry | None: ...
+
+
+class Deposed(Exception):
+    """Another leader wrote a document since this replica last did, and this one is not the
+    leader any more: it stops writing (the new leader has resynced)."""
 
 
 class Publisher(Protocol):
@@ -115,8 +127,13 @@ class PathService:
         is_leader: Callable[[], bool] = lambda: True,
         acks: AgentAcks | None = None,
         stage_timeout: float = 2.0,
+        term: Callable[[], int | None] = lambda: 0,
     ) -> None:
         self.store = store
+        # The leader's term (the election's fencing token), stamped on every document it
+        # writes: agents refuse documents of a term older than one they have taken, so a
+        # paused old leader that writes once more changes nothing.
+        self.term = term
         self.acks = acks or AgentAcks()
         self.stage_timeout = stage_timeout
         self.kv = kv
@@ -338,6 +355,25 @@ class PathService:
             except PublishError as exc:
                 log.warning("reprotected_not_sent", node=node, error=str(exc))
 
+    async def _write(self, node: str, document: bytes) -> int:
+        """Write `node`'s document only over the revision this replica wrote last (compare
+        and set): a write by another leader in between is seen here, never overwritten by a
+        replica that lost the lease."""
+        assert self.kv is not None
+        last = self.written.get(node)
+        if last is None:
+            return await self.kv.put(node_key(node), document)
+        try:
+            return await self.kv.update(node_key(node), document, last=last)
+        except DesiredStateConflict:
+            FENCED_WRITES.inc()
+            if not self.is_leader():
+                raise Deposed(node) from None
+            # Still the leader (the key was written by hand, or by a leader this one
+            # outlived): its plan is the one to serve.
+            log.warning("desired_state_written_by_someone_else", node=node)
+            return await self.kv.put(node_key(node), document)
+
     async def replanned(self, within: float = 30.0) -> None:
         """Wait until every link change received so far is planned and written (tests)."""
         await asyncio.wait_for(self._idle.wait(), within)
@@ -366,6 +402,7 @@ class PathService:
             states.compare_with(old)  # documents built afresh still move destination outward
         changes = diff(old, states)
         published = 0
+        states.term = self.term() or 0
         if self.is_leader() and self.kv is not None:
             if vnis:
                 for key, document in states.vni_documents().items():
@@ -381,12 +418,16 @@ class PathService:
                 if not self.is_leader():  # lost the lease mid-write: the new leader resyncs
                     log.warning("leadership_lost_while_writing", stage=stage)
                     break
-                for change in changes:
-                    if stage in change.stages:
-                        written[change.node] = await self.kv.put(
-                            node_key(change.node), states.document_at(change.node, stage)
-                        )
-                        published += 1
+                try:
+                    for change in changes:
+                        if stage in change.stages:
+                            written[change.node] = await self._write(
+                                change.node, states.document_at(change.node, stage)
+                            )
+                            published += 1
+                except Deposed as exc:
+                    log.warning("deposed_while_writing", stage=stage, node=str(exc))
+                    break
                 self.written.update(written)
                 self._last_stage = written
                 if n + 1 < len(stages) and (
@@ -443,6 +484,7 @@ class PathService:
             states, kv = self.states, self.kv
             if states is None or kv is None or not self.is_leader():
                 return 0
+            states.term = self.term() or 0  # a new term: every document is stamped again
             switches = sorted(states.switch_routes)
             hosts = sorted(states.hosts)
             written = 0
@@ -451,10 +493,11 @@ class PathService:
                 for node, entry in zip(batch, entries, strict=True):
                     document = states.document(node)
                     if entry is not None and _same_document(entry, document):
+                        self.written[node] = entry.revision  # later writes compare with it
                         continue
                     if not self.is_leader():
                         return written
-                    self.written[node] = await kv.put(node_key(node), document)
+                    self.written[node] = await kv.put(node_key(node), document)  # a new term
                     written += 1
             KV_WRITES.inc(written)
             log.info("resynced_as_leader", documents=written, plan_revision=self.revision)

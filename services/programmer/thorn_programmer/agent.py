@@ -95,6 +95,12 @@ FAILOVERS_DROPPED = Counter(
     ["node"],
 )
 
+STALE_DOCUMENTS = Counter(
+    "thorn_programmer_stale_documents_total",
+    "Desired-state documents ignored because an older leader term wrote them",
+    ["node"],
+)
+
 _DOCUMENT: TypeAdapter[DesiredState] = TypeAdapter(DesiredState)
 HEARTBEAT_SECONDS = 15.0  # well inside pathcomp's 60 s liveness window
 OUTBOX_LIMIT = 1000  # failover events kept while NATS is away (the oldest go first)
@@ -136,6 +142,9 @@ class NodeAgent:
         self._doc: HostState | SwitchState | None = None
         self._deleted = False
         self._received = 0  # the node key's revision last received (status: last applied)
+        # The newest pathcomp leader term among the documents taken (see thorn.desired: term).
+        # Kept for the life of the agent: a restarted agent takes the KV's current document.
+        self._term = 0
         self._chunks: dict[tuple[int, int], VniState] = {}
         self._vni_watches: dict[int, asyncio.Task[None]] = {}
         # Peers moved to their other colour by a flip (kept across restarts when given a file).
@@ -215,6 +224,12 @@ class NodeAgent:
                 BAD_DOCUMENTS.labels(self.node).inc()
                 log.error("desired_state_not_for_this_node", node=self.node)
                 return
+            if doc.term < self._term:  # a deposed leader's late write: fenced off
+                STALE_DOCUMENTS.labels(self.node).inc()
+                log.warning("stale_desired_state_ignored", node=self.node, term=doc.term,
+                            newest_term=self._term, key_revision=entry.revision)  # fmt: skip
+                return
+            self._term = doc.term
             self._doc, self._deleted = doc, False
             if isinstance(doc, HostState):
                 self._follow_vnis(set(doc.vnis))
