@@ -23,9 +23,10 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
@@ -49,7 +50,7 @@ from thorn.events import (
     agent_flip_subject,
     utcnow,
 )
-from thorn_programmer.drivers.netlink import NetlinkDatapath
+from thorn_programmer.drivers.netlink import ApplyError, NetlinkDatapath
 from thorn_programmer.intent import (
     HostIntent,
     Intent,
@@ -159,7 +160,7 @@ class NodeAgent:
         self._last_intent: Intent | None = None
         self._last_result: ReconcileResult | None = None  # repeated by the heartbeat
         self.reconciled = asyncio.Event()  # set after every reconcile (tests wait on it)
-        # Called with each intent once applied (BFD sessions follow what was programmed).
+        # Flips asked for by BFD, and the work each flip leaves for after the kernel change.
         self._flips: set[asyncio.Task[None]] = set()
         # Failover events NATS did not take yet, sent again before the next one and with
         # each heartbeat: the failover history must not lose what happened while it was away.
@@ -167,6 +168,7 @@ class NodeAgent:
         # client sends what it buffered on reconnect), and the stream keeps one copy.
         self.outbox: collections.deque[tuple[str, FailoverEvent]] = collections.deque()
         self._outbox_lock = asyncio.Lock()  # one sender at a time keeps the order
+        # Called with each intent once applied (BFD sessions follow what was programmed).
         self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
 
     # --- running ---------------------------------------------------------------------------
@@ -355,9 +357,7 @@ class NodeAgent:
 
     def record_failover(self, event: FailoverEvent) -> None:
         """Send a failover this node's repairs made (called on the loop; does not wait)."""
-        task = asyncio.create_task(self._publish_failover(event), name=f"failover-{self.node}")
-        self._flips.add(task)
-        task.add_done_callback(self._flips.discard)
+        self.record_after(self._publish_failover(event))
 
     async def _publish_failover(self, event: FailoverEvent) -> None:
         """Send `event` after any still waiting; what NATS does not take waits in order."""
@@ -489,21 +489,33 @@ class NodeAgent:
             report = await driver.apply(changes)
             seconds = time.perf_counter() - start
             self._last_intent = after
-        self.overrides.save()  # after the kernel: the file write is off the critical path
         FLIPS.labels(self.node).inc()
-        if report.errors:
+        applied = trace.then("agent_applied", self.node) if trace is not None else None
+        # The rest (the overrides file, logs, the failover event) waits until the loop has
+        # run what is ready: in a process serving many nodes, the other hosts' flips first.
+        self.record_after(self._after_flip(moving, current[moving[0]], colour, reason, tier,
+                                           seconds, report.errors, applied))  # fmt: skip
+        return seconds
+
+    def record_after(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name=f"after-flip-{self.node}")
+        self._flips.add(task)
+        task.add_done_callback(self._flips.discard)
+
+    async def _after_flip(self, moving: list[str], was: ColourName, colour: ColourName,
+                          reason: str, tier: FailoverTier, seconds: float,
+                          errors: list[ApplyError], trace: Trace | None) -> None:  # fmt: skip
+        self.overrides.save()
+        if errors:
             log.error("failover_errors", node=self.node, peers=moving[:10],
-                      errors=[e.message for e in report.errors])  # fmt: skip
-        if trace is not None:
-            trace = trace.then("agent_applied", self.node)
+                      errors=[e.message for e in errors])  # fmt: skip
         log.info("failover", node=self.node, tier=tier, to=colour, peers=moving[:10],
                  count=len(moving), kernel_ms=round(seconds * 1000, 3),
                  trace=trace.id if trace else None)  # fmt: skip
-        event = FailoverEvent(node=self.node, peers=moving, from_colour=current[moving[0]],
-                              to_colour=colour, at=utcnow(), reason=reason, tier=tier,
-                              kernel_ms=seconds * 1000, trace=trace)  # fmt: skip
-        await self._publish_failover(event)  # after the kernel: the flip does not wait
-        return seconds
+        event = FailoverEvent(node=self.node, peers=moving, from_colour=was, to_colour=colour,
+                              at=utcnow(), reason=reason, tier=tier, kernel_ms=seconds * 1000,
+                              trace=trace)  # fmt: skip
+        await self._publish_failover(event)
 
 
 def _only(intent: HostIntent, hosts: set[str]) -> HostIntent:
