@@ -101,3 +101,41 @@ def test_a_cut_mid_stream_shows_as_loss_and_a_gap_as_long_as_the_cut(routed: Lab
     assert CUT_S * 1000 <= report.max_gap_ms < CUT_S * 1000 + 100
     assert 400 < report.max_gap_offset_ms < 700  # it began about 0.5 s into the stream
     assert report.reordered == report.duplicates == 0
+
+
+def test_a_group_meters_each_of_its_streams_apart_and_a_cut_only_in_those_it_hit(
+    routed: Lab,
+) -> None:
+    """One process for many streams (the failover benchmark's 24 flows): each keeps its own
+    sequence, meter and report; a cut shows in the streams it crosses, at its length."""
+    specs = [
+        _spec(count=1500, port=5101),
+        _spec(kind=Kind.roce, size=256, count=1500),
+        _spec(src="host1-vf0", dst="host3-vf0", count=1500, port=5102),
+    ]
+    group = traffic.start_group(routed, specs)
+    time.sleep(0.5)
+    faults.silent_drop(routed, "spine1--leaf2")
+    time.sleep(CUT_S)
+    faults.restore(routed, "spine1--leaf2")
+    udp, roce, workloads = group.wait()
+    for report in (udp, roce, workloads):
+        assert report.sent == 1500
+        assert report.lost == 1500 - report.received
+        assert report.reordered == report.duplicates == report.strays == 0
+    assert roce.dst_port == 4791 and roce.start_psn is not None
+    assert workloads.src_namespace == routed.workload("host1-vf0").namespace
+    for report in (udp, roce, workloads):  # all three cross spine1--leaf2
+        assert report.lost_ranges_total == 1
+        assert CUT_S * 1000 <= report.max_gap_ms < CUT_S * 1000 + 100
+
+
+def test_a_stopped_group_reports_what_each_stream_sent_until_then(routed: Lab) -> None:
+    group = traffic.start_group(routed, [_spec(count=5000, port=5103),
+                                         _spec(count=5000, port=5104)])  # fmt: skip
+    time.sleep(0.4)
+    group.stop()
+    reports = group.wait()
+    for report in reports:
+        assert 200 < report.sent < 1000
+        assert report.received == report.sent

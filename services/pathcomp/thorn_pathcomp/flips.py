@@ -12,8 +12,9 @@ before any re-protection is computed or written. The pairs come from the served 
   its own egress of colour `c` is the failed host link;
 - a pair is flipped only if the other colour's path does not cross the link too (a flip
   would not help: that is a shared risk, reported by the plan);
-- the active colour toward a peer is what the host's document says: blue for the peers in
-  its `blue_peers`, red otherwise.
+- every pair whose one colour crosses it is told to use the other, whichever it is on now:
+  agents also move pairs by themselves (their own BFD), which the plan does not see, and an
+  agent does nothing for a pair already on the colour it is told.
 
 `plan.users` (edge -> groups whose trees take it) keeps the search to the destinations
 the link matters for.
@@ -118,20 +119,20 @@ def link_flips(states: DesiredStates, link_id: int) -> list[Flip]:
 
 
 def _per_host(states: DesiredStates, hit: list[tuple[list[str], set[str], Colour]]) -> list[Flip]:
-    """Turn the hit (sources, destinations, colour) into flips of each source's peers
-    among the destinations whose active colour is the one cut."""
+    """Turn the hit (sources, destinations, colour cut) into one move per source: its peers
+    among the destinations go to the other colour. Whatever colour each pair is on now: the
+    plan knows its own choice, not the flips agents made on their own (a source's BFD, an
+    earlier central flip not yet reverted), and an agent leaves a pair already on the safe
+    colour as it is."""
     by_source: dict[str, dict[ColourName, set[str]]] = {}
     for sources, destinations, colour in hit:
+        to: ColourName = "blue" if colour is Colour.red else "red"
         for host in sources:
-            document = states.hosts.get(host)
-            if document is None:
+            if host not in states.hosts:
                 continue
-            blue = set(document["blue_peers"])
-            for peer in states.peers_of(host) & destinations:
-                active = Colour.blue if peer in blue else Colour.red
-                if active == colour:
-                    to: ColourName = "blue" if colour is Colour.red else "red"
-                    by_source.setdefault(host, {}).setdefault(to, set()).add(peer)
+            peers = states.peers_of(host) & destinations
+            if peers:
+                by_source.setdefault(host, {}).setdefault(to, set()).update(peers)
     return [
         Flip(host, tuple(sorted(peers)), colour)
         for host, moves in sorted(by_source.items())
