@@ -28,8 +28,10 @@ from thorn.desired import Backup, Route, SwitchState
 from thorn.lab.netns import run_in_netns
 from thorn_programmer.bfd import BfdManager, EventQueue, SessionConfig, State
 from thorn_programmer.detect import BfdSessions, Discriminators
+from thorn_programmer.drivers.netlink import NetlinkDatapath
 from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import SwitchIntent, switch_intent
+from thorn_programmer.kernel import Route as KernelRoute
 from thorn_programmer.monitor import LinkEvent, LinkMonitor
 from thorn_programmer.reconcile import reconcile
 from thorn_programmer.repair import LocalRepair
@@ -161,6 +163,26 @@ async def test_a_backup_is_a_second_route_and_a_second_reconcile_changes_nothing
     assert first.ok, first.errors
     assert triangle.table() == INSTALLED
     assert again.applied == []
+
+
+async def test_a_switch_reads_back_exactly_the_thorn_routes_the_general_reader_finds(
+    triangle: Triangle, switch: SwitchRouteDriver
+) -> None:
+    """The switch's own lean reader (raw dumps, only what a route needs) against pyroute2's
+    full decoding, with routes it must leave out around them: other protocols, another
+    table, and an IPv6 THORN route."""
+    ns = triangle.s
+    sh("ip", "-n", ns, "-6", "addr", "add", "fd00:1::1/64", "dev", "a1", "nodad")
+    sh("ip", "-n", ns, "-6", "route", "add", "fd00:224::/64", "via", "fd00:1::2", "dev", "a1",
+       "metric", "10", "proto", "146")  # fmt: skip
+    sh("ip", "-n", ns, "route", "add", "10.99.0.0/24", "via", PRIMARY)  # proto boot
+    sh("ip", "-n", ns, "route", "add", "10.98.0.0/24", "via", PRIMARY, "proto", "146",
+       "table", "100")  # fmt: skip
+    lean = await switch.read()
+    full = [o for o in await NetlinkDatapath.read(switch) if isinstance(o, KernelRoute)]
+    assert sorted(lean, key=repr) == sorted(full, key=repr)
+    assert {(o.prefix, o.dev, o.metric) for o in lean} >= {("fd00:224::/64", "a1", 10)}
+    assert not {o.prefix for o in lean} & {"10.99.0.0/24", "10.98.0.0/24"}
 
 
 async def test_setup_has_the_kernel_skip_routes_through_ports_without_carrier(

@@ -135,6 +135,10 @@ class NetlinkDatapath:
                     yield driver
                 finally:
                     driver._sender.shutdown(wait=True)
+                    driver.close()
+
+    def close(self) -> None:
+        """Release what a driver opened of its own (called once, by `open`)."""
 
     def render(self, intent: Intent) -> list[KernelObject]:
         raise NotImplementedError
