@@ -29,14 +29,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from contextlib import suppress
+from contextlib import ExitStack, suppress
 from enum import StrEnum
 from functools import partial
 
 from thorn.lab import bpf, state
 from thorn.lab.handle import Lab, LinkEnds, UnknownName
 from thorn.lab.plan import EndPlan
-from thorn.lab.rtnl import Rtnl
+from thorn.lab.rtnl import LinkState, Rtnl
 
 __all__ = [
     "Direction",
@@ -68,10 +68,18 @@ def _device(end: EndPlan) -> state.Device:
     return state.Device(node=end.node, port=end.port, namespace=end.namespace, ifname=end.ifname)
 
 
-def _set_admin(device: state.Device, up: bool) -> None:
-    with Rtnl.open(device.namespace) as handle:
-        link = handle.links()[device.ifname]
-        handle.set_admin(link.index, up)
+def _set_admin(devices: list[state.Device], up: bool) -> None:
+    """Every device up or down, as close together in time as the kernel allows: the
+    namespaces' handles and link tables first, then the changes back to back (a whole
+    switch fails at once, not port by port tens of milliseconds apart)."""
+    with ExitStack() as stack:
+        handles: dict[str, tuple[Rtnl, dict[str, LinkState]]] = {}
+        for ns in dict.fromkeys(d.namespace for d in devices):
+            handle = stack.enter_context(Rtnl.open(ns))
+            handles[ns] = (handle, handle.links())
+        for device in devices:
+            handle, links = handles[device.namespace]
+            handle.set_admin(links[device.ifname].index, up)
 
 
 def _attach(device: state.Device, percent: float | None) -> None:
@@ -97,9 +105,9 @@ def _apply(record: state.FaultRecord) -> None:
     """Make the kernel match the record; on failure undo what was done and re-raise."""
     undo: list[Callable[[], None]] = []
     try:
-        for device in record.admin_down:
-            _set_admin(device, False)
-            undo.append(partial(_set_admin, device, True))
+        if record.admin_down:
+            _set_admin(record.admin_down, False)
+            undo.append(partial(_set_admin, record.admin_down, True))
         for device in record.filters:
             _attach(device, record.percent)
             undo.append(partial(_detach, device))
@@ -112,8 +120,8 @@ def _apply(record: state.FaultRecord) -> None:
 def _unapply(record: state.FaultRecord) -> None:
     for device in record.filters:
         _detach(device)
-    for device in record.admin_down:
-        _set_admin(device, True)
+    if record.admin_down:
+        _set_admin(record.admin_down, True)
     _wait_oper_up(record.touches)
 
 
