@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -72,7 +73,7 @@ class RunningThorn:
 
     def reprotected_after(self, start: float, end: float) -> float | None:
         """Seconds from `start` until every node pathcomp wrote in [start, end) had applied
-        its last such write (None: nothing written, or not all applied before `end`)."""
+        its last such write: None if nothing was written, infinity if not all before `end`."""
         last: dict[str, int] = {}
         for at, node, revision in self.writes:
             if start <= at < end:
@@ -83,7 +84,7 @@ class RunningThorn:
         for node, revision in last.items():
             when = [at for at, n, r in self.applied if n == node and r >= revision and at >= start]
             if not when or min(when) >= end:
-                return None
+                return math.inf
             done = max(done, min(when))
         return done - start
 
