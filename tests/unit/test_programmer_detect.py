@@ -91,6 +91,7 @@ class Node:
     def __init__(self) -> None:
         self.reports: list[BfdReport] = []
         self.flips: list[tuple[str, str, str]] = []
+        self.paths: list[tuple[str, str, bool]] = []
         self.colours: dict[str, ColourName] = {"host2": "red", "host3": "red"}
 
     def sessions(self, manager: FakeManager, mode: Any = "all") -> BfdSessions:
@@ -98,6 +99,7 @@ class Node:
             "host1", "ns-host1", manager, Discriminators(), mode=mode, interval_ms=10,  # type: ignore[arg-type]
             multiplier=3, report=self.reports.append, colour_of=self.colours.get,
             flip=lambda p, c, why: self.flips.append((p, c, why)),
+            path=lambda p, c, up: self.paths.append((p, c, up)),
         )  # fmt: skip
 
 
@@ -163,6 +165,22 @@ async def test_the_active_colour_going_down_flips_the_peer_when_the_other_is_up(
     assert node.flips == [
         ("host2", "blue", "bfd red to host2 down (control_detection_time_expired)")
     ]
+
+
+async def test_each_path_session_coming_up_or_failing_is_told_for_reverts() -> None:
+    """What lets an agent undo a flip only it knows of: the preferred colour's session
+    toward that peer is Up again (and its failing again stops the clock)."""
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    red = disc_of(s, "host2", "red")
+    s.event(event(red, State.DOWN, State.UP))
+    s.event(event(red, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
+    s.event(event(red, State.DOWN, State.INIT))  # not Up yet: nothing to tell
+    s.event(event(red, State.INIT, State.UP))
+    assert node.paths == [("host2", "red", True), ("host2", "red", False), ("host2", "red", True)]
+    assert s.path_state("host2", "red") is State.UP
+    assert s.path_state("host9", "red") is None
 
 
 @pytest.mark.parametrize(

@@ -59,3 +59,29 @@ def test_an_unreadable_file_starts_empty_instead_of_failing(tmp_path: Path) -> N
     path = tmp_path / "overrides-host1.json"
     path.write_text("{not json")
     assert Overrides(path, revertive=True, hold_down=2.0).colours() == {}
+
+
+def test_the_preferred_paths_own_bfd_up_reverts_a_flip_pathcomp_never_saw() -> None:
+    overrides = Overrides(None, revertive=True, hold_down=2.0)
+    overrides.put(["host2"], "blue", "bfd red to host2 down", "source", 6, now=100.0)
+    assert overrides.path_up("host2", now=101.0) == 103.0
+    assert overrides.path_up("host2", now=102.0) == 103.0  # the clock is not restarted
+    assert overrides.due(102.9) == []
+    assert overrides.due(103.0) == ["host2"]
+    assert overrides.colours() == {}
+
+
+def test_the_preferred_path_failing_again_stops_the_revert_clock() -> None:
+    overrides = Overrides(None, revertive=True, hold_down=2.0)
+    overrides.put(["host2"], "blue", "bfd red to host2 down", "source", 6, now=100.0)
+    overrides.path_up("host2", now=101.0)
+    overrides.path_down("host2")
+    assert overrides.due(200.0) == []
+    assert overrides.colours() == {"host2": "blue"}
+
+
+def test_a_non_revertive_policy_ignores_the_preferred_path_coming_back() -> None:
+    overrides = Overrides(None, revertive=False, hold_down=2.0)
+    overrides.put(["host2"], "blue", "bfd red to host2 down", "source", 6, now=100.0)
+    assert overrides.path_up("host2", now=101.0) is None
+    assert overrides.due(200.0) == []

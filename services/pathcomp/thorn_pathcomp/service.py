@@ -342,9 +342,11 @@ class PathService:
     async def _tell_reprotected(self) -> None:
         """The new plan is written and applied: sources flipped earlier may move back to
         their preferred colour (revertive agents do, after their hold-down)."""
-        flipped, self._flipped = self._flipped, {}
-        if self.bus is None or not self.is_leader() or not flipped:
+        if self.bus is None or not self._flipped:
             return
+        if not self.is_leader():  # kept: this replica, leading again, tells them later
+            return
+        flipped, self._flipped = self._flipped, {}
         # The last stage (the hosts' own documents) is applied before anyone moves back.
         await self.acks.wait(self._last_stage, self.stage_timeout)
         for node, peers in sorted(flipped.items()):

@@ -50,6 +50,7 @@ from thorn.events import (
     agent_flip_subject,
     utcnow,
 )
+from thorn_programmer.bfd import State
 from thorn_programmer.drivers.netlink import ApplyError, NetlinkDatapath
 from thorn_programmer.intent import (
     HostIntent,
@@ -170,6 +171,8 @@ class NodeAgent:
         self._outbox_lock = asyncio.Lock()  # one sender at a time keeps the order
         # Called with each intent once applied (BFD sessions follow what was programmed).
         self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
+        # This host's path sessions' states (set by the BFD wiring; none: no sessions).
+        self.path_state: Callable[[str, ColourName], State | None] = lambda _p, _c: None
 
     # --- running ---------------------------------------------------------------------------
 
@@ -416,7 +419,10 @@ class NodeAgent:
         """Pathcomp's urgent flips, and its word that re-protection is done."""
         received = utcnow()
         if command.kind == "reprotected":
-            first = self.overrides.reprotected(command.peers, command.plan_revision, time.time())
+            # Not toward a peer whose preferred path this host's own BFD sees down.
+            peers = [p for p in command.peers if self.path_state(p, self.preferred(p)) is not
+                     State.DOWN]  # fmt: skip
+            first = self.overrides.reprotected(peers, command.plan_revision, time.time())
             if first is not None:
                 self._schedule_revert(first)
             return
@@ -431,6 +437,23 @@ class NodeAgent:
                                  plan_revision=command.plan_revision)  # fmt: skip
         except (LookupError, RuntimeError) as exc:
             log.warning("central_flip_not_done", node=self.node, error=str(exc))
+
+    def preferred(self, peer: str) -> ColourName:
+        """The colour the desired state puts `peer` on (what a revert goes back to)."""
+        doc = self._doc
+        return "blue" if isinstance(doc, HostState) and peer in doc.blue_peers else "red"
+
+    def on_path(self, peer: str, colour: ColourName, up: bool) -> None:
+        """This host's BFD toward `peer` on `colour` came Up or went Down (on the loop): an
+        override away from the preferred colour may revert once that path works again."""
+        if peer not in self.overrides.by_peer or colour != self.preferred(peer):
+            return
+        if not up:
+            self.overrides.path_down(peer)
+            return
+        at = self.overrides.path_up(peer, time.time())
+        if at is not None:
+            self._schedule_revert(at)
 
     def _schedule_revert(self, at: float) -> None:
         if self._revert is not None:
@@ -471,6 +494,12 @@ class NodeAgent:
                 raise LookupError(f"{self.node} has no peer host {unknown[0]!r}")
             revision = plan_revision if plan_revision is not None else (before.revision or 0)
             self.overrides.put(peers, colour, reason, tier, revision, time.time(), save=False)
+            # A preferred path already Up again (its session flapped back before this flip
+            # ran) starts the revert clock now: its Up came before there was anything to undo.
+            for peer in peers:
+                preferred = self.preferred(peer)
+                if colour != preferred and self.path_state(peer, preferred) is State.UP:
+                    self.on_path(peer, preferred, True)
             if not moving:
                 self.overrides.save()
                 return 0.0

@@ -228,8 +228,10 @@ async def _start_bfd(
             report=reporter.bfd, colour_of=agent.colour_of,
             flip=agent.flip_soon,
             withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
+            path=agent.on_path,
         )  # fmt: skip
         agent.on_applied.append(sessions.update)
+        agent.path_state = sessions.path_state
         nodes.append(sessions)
 
         async def readd(sessions: BfdSessions = sessions, agent: NodeAgent = agent) -> None:

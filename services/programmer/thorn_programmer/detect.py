@@ -133,9 +133,15 @@ ColourOf = Callable[[str], ColourName | None]
 Flip = Callable[[str, ColourName, str], None]
 # A switch's local repair: (port, reason); see repair.LocalRepair.
 PortRepair = Callable[[str, str], None]
+# A host's path session toward (peer host, colour) came Up (True) or went Down (False).
+PathChange = Callable[[str, ColourName, bool], None]
 
 
 def _nothing(_port: str, _reason: str) -> None:
+    pass
+
+
+def _no_path(_peer: str, _colour: ColourName, _up: bool) -> None:
     pass
 
 
@@ -160,6 +166,7 @@ class BfdSessions:
         flip: Flip,
         withdraw: PortRepair = _nothing,
         restore: PortRepair = _nothing,
+        path: PathChange = _no_path,
     ) -> None:
         self.node = node
         self.netns = netns
@@ -174,6 +181,7 @@ class BfdSessions:
         self.flip = flip
         self.withdraw = withdraw
         self.restore = restore
+        self.path = path
         self.sessions: dict[WantedSession, int] = {}  # -> local discriminator
         self.states: dict[int, State] = {}
         self._by_disc: dict[int, WantedSession] = {}
@@ -278,14 +286,24 @@ class BfdSessions:
             )
         )
         failed = event.old is State.UP and event.new is State.DOWN and not withdrawn
-        if key.multihop and failed:
-            self._fail_over(key, event.diag)
+        if key.multihop and key.peer_host is not None and key.colour is not None:
+            if failed:
+                self._fail_over(key, event.diag)
+            if event.new is State.UP or failed:  # a revert waits for the path to work
+                self.path(key.peer_host, key.colour, event.new is State.UP)
         elif not key.multihop and key.ifname is not None:
             if failed:
                 reason = f"bfd to {key.peer} on {key.ifname} down ({event.diag.name.lower()})"
                 self.withdraw(key.ifname, reason)
             elif event.new is State.UP:
                 self.restore(key.ifname, f"bfd to {key.peer} on {key.ifname} up")
+
+    def path_state(self, peer_host: str, colour: ColourName) -> State | None:
+        """The state of this host's session toward `peer_host` on `colour` (None: none)."""
+        for key, disc in self.sessions.items():
+            if key.multihop and key.peer_host == peer_host and key.colour == colour:
+                return self.states.get(disc)
+        return None
 
     def _fail_over(self, key: WantedSession, diag: Diag) -> None:
         assert key.peer_host is not None and key.colour is not None

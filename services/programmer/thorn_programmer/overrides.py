@@ -8,9 +8,12 @@ Rules (time is an argument: tests drive a fake clock):
 - The controller agreeing clears it: the desired state itself now puts the peer on that
   colour (`agree`).
 - Re-protection clears it, for a revertive policy only: pathcomp says a plan newer than the
-  flip makes the preferred colour safe again (`reprotected`); once that has held for the
-  hold-down, the override goes (`due`) and traffic moves back. A non-revertive policy stays
-  on the other colour until that one fails in turn.
+  flip makes the preferred colour safe again (`reprotected`), or the agent's own BFD session
+  on the preferred colour toward that peer comes Up (`path_up`: a source's own flips are
+  invisible to pathcomp); once that has held for the hold-down, the override goes (`due`)
+  and traffic moves back. The preferred colour's session going Down meanwhile stops the
+  clock (`path_down`). A non-revertive policy stays on the other colour until that one
+  fails in turn.
 - Overrides are kept in a small JSON file, so an agent restarted mid-failover does not
   move traffic back onto a path that is still broken.
 """
@@ -85,6 +88,24 @@ class Overrides:
         self.save()
         due = [o.revert_at for o in self.by_peer.values() if o.revert_at is not None]
         return min(due) if due else None
+
+    def path_up(self, peer: str, now: float) -> float | None:
+        """The preferred colour's path toward `peer` works again (its BFD session is Up):
+        a revertive override may go after the hold-down. Returns when (None: nothing)."""
+        o = self.by_peer.get(peer)
+        if not self.revertive or o is None:
+            return None
+        if o.revert_at is None:
+            self.by_peer[peer] = o = replace(o, revert_at=now + self.hold_down)
+            self.save()
+        return o.revert_at
+
+    def path_down(self, peer: str) -> None:
+        """The preferred colour's path toward `peer` failed again: no revert is due."""
+        o = self.by_peer.get(peer)
+        if o is not None and o.revert_at is not None:
+            self.by_peer[peer] = replace(o, revert_at=None)
+            self.save()
 
     def due(self, now: float) -> list[str]:
         """Remove and return the overrides whose hold-down has passed."""
