@@ -481,6 +481,14 @@ class Bus:
 
     # ------------------------------------------------------------------------ desired state
 
+    async def last(self, stream: StreamSpec, subject: str, model: type[E]) -> E | None:
+        """The last event stored on `subject` in `stream` (None: none, or no such stream)."""
+        try:
+            message = await self._js.get_last_msg(stream.name, subject)
+        except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+            return None
+        return model.model_validate_json(message.data or b"")
+
     async def desired_state(self, spec: KeyValueSpec = DESIRED_STATE_KV) -> DesiredStateStore:
         """The per-node desired-state bucket (created from `spec` if it does not exist)."""
         try:

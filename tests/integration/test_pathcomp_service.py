@@ -30,8 +30,10 @@ from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.desired import DesiredState, HostState, SwitchState, node_key
 from thorn.events import (
+    AGENT_FLIP_ALL,
     PATHS_CHANGED,
     Event,
+    FlipCommand,
     LinkHealthChanged,
     PathsChanged,
     TopologyChanged,
@@ -441,3 +443,38 @@ async def test_a_deposed_leader_cannot_write_over_the_new_leaders_documents(
             await old._write("spine1", b'{"stale": true}')  # as if resumed after a pause
         after = await kv.get(node_key("spine1"))
         assert after is not None and after.revision == now.revision
+
+
+async def test_a_new_leader_continues_the_plan_revisions_and_lets_every_host_revert(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """Flips the old leader made would have been reverted by its `reprotected`; the new
+    leader does not know them, so it tells every host, on a plan revision later than any
+    the old leader published (agents compare the two)."""
+    commands: list[FlipCommand] = []
+
+    async def seen(command: FlipCommand) -> None:
+        commands.append(command)
+
+    await bus.subscribe(AGENT_FLIP_ALL, seen, model=FlipCommand)
+    async with AsyncExitStack() as second_stack:
+        first_stack = AsyncExitStack()
+        first = await replica(first_stack, fabric_store, bus, tmp_path)
+        old: PathService = first.state.pathcomp
+        await until(lambda: old.is_leader() and old.plan is not None, "first leads")
+        for _ in range(3):  # the old leader's plans go on: its revisions are ahead
+            await old.recompute("test")
+        published = old.revision
+        second = await replica(second_stack, fabric_store, bus, tmp_path)
+        new: PathService = second.state.pathcomp
+        await first_stack.aclose()
+        before = len(commands)  # the first leader said the same when it took over
+        await until(lambda: new.is_leader(), "the second leads")
+        assert new.states is not None
+        hosts = sorted(new.states.hosts)
+        await until(lambda: {c.node for c in commands[before:]} >= set(hosts),
+                    "every host told")  # fmt: skip
+        for command in commands[before:]:
+            assert command.kind == "reprotected" and command.plan_revision > published
+            assert set(command.peers) == new.states.peers_of(command.node)
+        assert new.revision > published

@@ -14,9 +14,12 @@ from thorn.config import Settings
 from thorn.events import (
     AGENT_APPLIED_ALL,
     HEALTH_LINK_ALL,
+    PATHS_CHANGED,
+    STREAM_PATHS,
     TOPOLOGY_CHANGED,
     DatapathApplied,
     LinkHealthChanged,
+    PathsChanged,
     TopologyChanged,
 )
 from thorn.leader import LeaderElection
@@ -67,7 +70,9 @@ def create_app(
             await service.recompute("start")
 
             async def lead() -> None:
-                await service.resync()
+                await service.resync()  # the documents first, then the word on reverts
+                last = await the_bus.last(STREAM_PATHS, PATHS_CHANGED, PathsChanged)
+                await service.take_over(last.revision if last is not None else 0)
 
             resync = asyncio.create_task(election.run_as_leader(lead), name="pathcomp-resync")
             stack.callback(resync.cancel)

@@ -376,6 +376,32 @@ class PathService:
             log.warning("desired_state_written_by_someone_else", node=node)
             return await self.kv.put(node_key(node), document)
 
+    async def take_over(self, last_published: int) -> None:
+        """This replica just became leader: its plan revisions continue after the last one
+        any leader published (agents compare a flip's plan revision with a re-protection's,
+        and a restarted or long-following replica counts from elsewhere), and every host
+        hears that this plan re-protects all its peers, so flips the previous leader made
+        (and would have reverted) are reverted too. An agent whose own BFD sees a peer's
+        preferred path down keeps that flip."""
+        async with self._lock:
+            self.revision = max(self.revision, last_published) + 1
+            states, bus = self.states, self.bus
+        if states is None or bus is None or not self.is_leader():
+            return
+        told = 0
+        for host in sorted(states.hosts):
+            peers = sorted(states.peers_of(host))
+            if not peers:
+                continue
+            command = FlipCommand(node=host, kind="reprotected", peers=peers,
+                                  element="new leader", plan_revision=self.revision)  # fmt: skip
+            try:
+                await bus.publish(command)
+                told += 1
+            except PublishError as exc:
+                log.warning("reprotected_not_sent", node=host, error=str(exc))
+        log.info("took_over", plan_revision=self.revision, hosts_told=told)
+
     async def replanned(self, within: float = 30.0) -> None:
         """Wait until every link change received so far is planned and written (tests)."""
         await asyncio.wait_for(self._idle.wait(), within)
