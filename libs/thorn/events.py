@@ -310,13 +310,17 @@ class LinkHealthChanged(Event):
         return health_link_subject(self.link_id)
 
 
-FailoverTier = Literal["switch", "source", "central"]
+# "reprotection": not a move of traffic but pathcomp's word that the re-planned state for a
+# failure is written and applied by every agent it changed (the trace's last hop).
+FailoverTier = Literal["switch", "source", "central", "reprotection"]
 ColourLiteral = Literal["red", "blue"]
 
 
 class FailoverEvent(Event):
     """Node `node` moved its traffic towards `peers` to colour `to_colour` (source: the
-    agent's own BFD; central: pathcomp's urgent flip), or a switch repaired locally."""
+    agent's own BFD; central: pathcomp's urgent flip), or a switch repaired locally. Tier
+    "reprotection" is pathcomp's record that the failure's re-planned documents are applied
+    (`node` "pathcomp", `peers` the nodes it rewrote, `to_colour` "planned")."""
 
     subject_pattern: ClassVar[str] = FAILOVER_ALL
 

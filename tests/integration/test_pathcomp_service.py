@@ -31,12 +31,16 @@ from thorn.config import Settings
 from thorn.desired import DesiredState, HostState, SwitchState, node_key
 from thorn.events import (
     AGENT_FLIP_ALL,
+    FAILOVER_ALL,
     PATHS_CHANGED,
     Event,
+    FailoverEvent,
     FlipCommand,
     LinkHealthChanged,
     PathsChanged,
     TopologyChanged,
+    Trace,
+    new_trace_id,
 )
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
@@ -126,6 +130,13 @@ async def test_a_link_failure_reprotects_publishes_and_rewrites_desired_state(
         seen.append(event)
 
     subscription = await bus.subscribe(PATHS_CHANGED, collect)
+    records: list[FailoverEvent] = []
+
+    async def record(event: FailoverEvent) -> None:
+        records.append(event)
+
+    history = await bus.subscribe(FAILOVER_ALL, record, model=FailoverEvent)
+    trace = Trace(id=new_trace_id()).then("detected", "leaf1").then("health_decided", "health")
     async with AsyncExitStack() as stack:
         app = await replica(stack, fabric_store, bus, tmp_path)
         service: PathService = app.state.pathcomp
@@ -136,17 +147,28 @@ async def test_a_link_failure_reprotects_publishes_and_rewrites_desired_state(
             kv = await bus.desired_state()
             old_doc = await kv.get(node_key(switch))
             assert old_doc is not None
+            await until(service.took_over.is_set, "leading")
+            planned = service.revision + 1
             await bus.publish(
                 LinkHealthChanged(
-                    link_id=used, state="down", previous="up", at=datetime.now(UTC), source="test"
+                    link_id=used, state="down", previous="up", at=datetime.now(UTC),
+                    source="test", trace=trace,
                 )
-            )
-            await until(lambda: service.revision == 2, "plan revision 2")
+            )  # fmt: skip
+            await until(lambda: service.revision == planned, "the next plan revision")
             after = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
             assert used not in after.json()["red"]["links"] + after.json()["blue"]["links"]
             assert (await api.get("/api/v1/plan")).json()["kind"] == "incremental"
-            await until(lambda: any(e.revision == 2 for e in seen), "paths.changed")
+            await until(lambda: any(e.revision == planned for e in seen), "paths.changed")
+            # The end of re-protection closes the failure's trace (no agent here: after the
+            # stage timeout, and says who did not acknowledge).
+            await until(lambda: any(r.tier == "reprotection" for r in records), "re-protected")
+            [done] = [r for r in records if r.tier == "reprotection"]
+            assert done.trace is not None and done.trace.id == trace.id
+            assert [h.step for h in done.trace.hops][-2:] == ["pathcomp_received", "reprotected"]
+            assert done.node == "pathcomp" and switch in done.peers
     await subscription.unsubscribe()
+    await history.unsubscribe()
 
 
 async def test_bad_queries_get_clear_errors(fabric_store: Store, bus: Bus, tmp_path: Path) -> None:
@@ -308,9 +330,11 @@ async def test_each_stage_waits_until_the_agents_applied_the_one_before(
         async with client(app) as api:
             before = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
         used = before.json()["red"]["links"][1]
+        await until(service.took_over.is_set, "leading")
+        planned = service.revision + 1
         await bus.publish(LinkHealthChanged(link_id=used, state="down", previous="up",
                                             at=datetime.now(UTC), source="test"))  # fmt: skip
-        await until(lambda: service.revision == 2, "plan revision 2")
+        await until(lambda: service.revision == planned, "the next plan revision")
         await asyncio.sleep(0.3)
     # Writes come in stages: a write follows the acks of every write made before its stage.
     writes = sorted(agents.writes)
@@ -343,10 +367,12 @@ async def test_a_silent_agent_delays_a_stage_by_the_timeout_only(
         async with client(app) as api:
             before = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
         used = before.json()["red"]["links"][1]
+        await until(service.took_over.is_set, "leading")
+        planned = service.revision + 1
         start = time.monotonic()
         await bus.publish(LinkHealthChanged(link_id=used, state="down", previous="up",
                                             at=datetime.now(UTC), source="test"))  # fmt: skip
-        await until(lambda: service.revision == 2, "plan revision 2")
+        await until(lambda: service.revision == planned, "the next plan revision")
         took = time.monotonic() - start
     assert 0.3 <= took < 5, "the plan goes ahead after the stage timeout"
 

@@ -134,3 +134,29 @@ def test_what_the_store_cannot_hold_is_refused_naming_the_field_and_text_is_clea
 )  # fmt: skip
 def test_the_link_is_read_from_a_central_flips_reason(reason: str, link: int | None) -> None:
     assert link_of(reason) == link
+
+
+def reprotection(done: float) -> FailoverEvent:
+    trace = CENTRAL.then("reprotected", "pathcomp", at=ms(done))
+    return FailoverEvent(node="pathcomp", peers=["leaf1", "spine2"], to_colour="planned",
+                         at=ms(done), reason="re-protection: link 17 down",
+                         tier="reprotection", trace=trace)  # fmt: skip
+
+
+def test_the_end_of_re_protection_is_the_traces_last_hop_and_moves_nothing() -> None:
+    t = timeline([
+        record_of(flip("host1", ["host3", "host4"], 2.6, 3.1), stream_seq=7),
+        record_of(reprotection(180.4), stream_seq=9),
+    ])  # fmt: skip
+    assert t.hops[-1].step == "reprotected" and t.hops[-1].clock == "pathcomp"
+    assert t.reprotected_ms == pytest.approx(178.5)  # pathcomp_received 1.9 -> 180.4
+    assert t.reprotected_nodes == 2
+    # what moved traffic is what the timeline reports as moved
+    assert (t.tier, t.sources, t.pairs_moved) == ("central", ["host1"], 2)
+    assert [m.node for m in t.moved] == ["host1"]
+
+
+def test_a_failure_only_re_planned_is_a_timeline_of_pathcomp_with_no_gap() -> None:
+    t = timeline([record_of(reprotection(50.0), stream_seq=3)])
+    assert (t.tier, t.sources, t.gap_ms_upper_bound) == ("reprotection", ["pathcomp"], None)
+    assert t.reprotected_ms == pytest.approx(48.1)

@@ -941,6 +941,7 @@ class FailoverTier(StrEnum):
     switch = "switch"
     source = "source"
     central = "central"
+    reprotection = "reprotection"
 
 
 _AGO = re.compile(r"^(\d{1,6})([smhd])$")
@@ -1013,6 +1014,13 @@ def _after(hops: list[dict[str, Any]], hop: dict[str, Any]) -> str | None:
     return None if hop["after"] is None else f"{hop['after']} {hops[hop['after']]['step']}"
 
 
+def _reprotected(shown: dict[str, Any]) -> str:
+    ms = shown.get("reprotected_ms")
+    if ms is None:
+        return "not recorded"
+    return f"{ms:.1f} ms after pathcomp heard of it ({shown['reprotected_nodes']} nodes rewritten)"
+
+
 @failovers_app.command("show")
 def failovers_show(
     ctx: typer.Context,
@@ -1033,6 +1041,7 @@ def failovers_show(
             ("reason", shown["reason"]),
             ("pairs moved", shown["pairs_moved"]),
             ("gap", _gap(shown)),
+            ("re-protected", _reprotected(shown)),
         ],
         title=f"Failover {shown['id']}",
     )

@@ -230,6 +230,7 @@ class FailoverTierFilter(StrEnum):
     switch = "switch"
     source = "source"
     central = "central"
+    reprotection = "reprotection"
 
 
 class FailoverOut(BaseModel):
@@ -251,6 +252,12 @@ class FailoverOut(BaseModel):
     )
     gap_clocks_differ: bool = Field(description="the gap's ends were read on different clocks")
     gap_clocks: list[str] = Field(description="the clocks of the first hop and of each end")
+    reprotected_ms: float | None = Field(
+        None,
+        description="pathcomp's receipt of the failure to the end of its re-protection "
+        "(every node it rewrote applied it), both on pathcomp's clock; null: not recorded",
+    )
+    reprotected_nodes: int = Field(0, description="nodes the re-protection rewrote")
 
 
 class FailoverHopOut(BaseModel):

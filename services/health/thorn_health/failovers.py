@@ -28,6 +28,7 @@ COLOUR_MAX = 16
 # A central flip's reason names the failed element: "central: link 17".
 _LINK_RE = re.compile(r"\blink (\d{1,9})\b")
 END_STEP = "agent_applied"
+REPROTECTION = "reprotection"  # pathcomp's record of the end of re-protection: no move
 
 
 class MalformedFailover(ValueError):
@@ -116,6 +117,10 @@ class Timeline:
     gap_clocks: list[str]
     hops: list[TimelineHop]
     moved: list[Moved]
+    # From pathcomp's receipt of the failure to the end of its re-protection (both on
+    # pathcomp's clock); None: not recorded (yet).
+    reprotected_ms: float | None = None
+    reprotected_nodes: int = 0
 
 
 def _ms(later: datetime, earlier: datetime) -> float:
@@ -169,9 +174,13 @@ def timeline(records: Sequence[FailoverRecord]) -> Timeline:
     """The timeline of one trace from its stored events (at least one), in stored order."""
     if not records:
         raise ValueError("a timeline needs at least one event")
+    hops = merge_hops(records)  # every hop, the end of re-protection's too
+    plans = [r for r in records if r.tier == REPROTECTION]
+    moves = [r for r in records if r.tier != REPROTECTION]
+    # What moved traffic makes the timeline; one of re-protection alone names pathcomp.
+    gap, differ, clocks = _gap(moves) if moves else (None, False, [])
+    records = moves or records
     head = records[0]
-    hops = merge_hops(records)
-    gap, differ, clocks = _gap(records)
     earliest = min(records, key=lambda r: r.at)  # no hops: the event's own time, its clock
     return Timeline(
         id=head.trace_id,
@@ -195,4 +204,16 @@ def timeline(records: Sequence[FailoverRecord]) -> Timeline:
             )
             for r in records
         ],
+        reprotected_ms=_reprotected_ms(plans),
+        reprotected_nodes=max((len(r.peers) for r in plans), default=0),
     )  # fmt: skip
+
+
+def _reprotected_ms(plans: Sequence[FailoverRecord]) -> float | None:
+    """pathcomp_received -> reprotected, both read on pathcomp's clock."""
+    for record in plans:
+        steps = {h.step: h for h in record.hops}
+        begin, end = steps.get("pathcomp_received"), steps.get("reprotected")
+        if begin is not None and end is not None and begin.clock == end.clock:
+            return _ms(end.at, begin.at)
+    return None

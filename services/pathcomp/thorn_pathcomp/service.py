@@ -25,6 +25,7 @@ from thorn.bus import DesiredStateConflict, PublishError
 from thorn.desired import node_key
 from thorn.events import (
     Event,
+    FailoverEvent,
     FlipCommand,
     LinkHealthChanged,
     PathsChanged,
@@ -151,6 +152,8 @@ class PathService:
         # the KV revision this replica last wrote for it, and since which plan (and when)
         # each link or node has been out of service ((kind, name) -> (plan revision, time)).
         self.changed_at: dict[str, int] = {}
+        self._received_at: dict[int, datetime] = {}  # link -> its latest event's arrival
+        self.took_over = asyncio.Event()  # set once this replica, leading, has `take_over`
         self.written: dict[str, int] = {}
         self.out_since: dict[tuple[str, str], tuple[int, datetime]] = {}
         self._load: tuple[Plan, RouteLoad] | None = None
@@ -252,6 +255,7 @@ class PathService:
         if self.link_states.get(event.link_id) == up:
             return
         self.link_states[event.link_id] = up
+        self._received_at[event.link_id] = received
         if not up:
             await self._flip_now(event, received)
         self._pending[event.link_id] = event
@@ -335,9 +339,37 @@ class PathService:
                 fabric, plan, states, update, seconds, "incremental", reason, vnis=False
             )
             await self._tell_reprotected()
+            await self._record_reprotection(events, reason)
             # Risks and stretch for GET /plan, off the critical path.
             plan.summary = await asyncio.to_thread(plan.summarise)
             UNPROTECTED.set(plan.summary.unprotected_pairs)
+
+    async def _record_reprotection(self, events: dict[int, LinkHealthChanged], reason: str) -> None:
+        """The end of re-protection, as the last hop of each failure's trace: the nodes
+        this plan rewrote have applied it (or the stage timeout passed)."""
+        if self.bus is None or not self.is_leader():
+            return
+        nodes = sorted(n for n, at in self.changed_at.items() if at == self.revision)
+        traced = {i: e for i, e in events.items() if e.trace is not None}
+        if not nodes or not traced:
+            return
+        late = await self.acks.wait(self._last_stage, self.stage_timeout)
+        for link_id, event in sorted(traced.items()):
+            assert event.trace is not None
+            trace = event.trace
+            received = self._received_at.get(link_id)
+            if received is not None:
+                trace = trace.then("pathcomp_received", "pathcomp", at=received)
+            record = FailoverEvent(
+                node="pathcomp", peers=nodes, from_colour=None, to_colour="planned",
+                at=utcnow(), reason=f"re-protection: {reason}"
+                + (f" (not acknowledged: {', '.join(late[:5])})" if late else ""),
+                tier="reprotection", trace=trace.then("reprotected", "pathcomp"),
+            )  # fmt: skip
+            try:
+                await self.bus.publish(record)
+            except PublishError as exc:  # the history misses one hop; the plan stands
+                log.warning("reprotection_not_recorded", link_id=link_id, error=str(exc))
 
     async def _tell_reprotected(self) -> None:
         """The new plan is written and applied: sources flipped earlier may move back to
@@ -401,6 +433,7 @@ class PathService:
             except PublishError as exc:
                 log.warning("reprotected_not_sent", node=host, error=str(exc))
         log.info("took_over", plan_revision=self.revision, hosts_told=told)
+        self.took_over.set()
 
     async def replanned(self, within: float = 30.0) -> None:
         """Wait until every link change received so far is planned and written (tests)."""
