@@ -183,7 +183,8 @@ async def _pathcomp_away_then_back(
     gap_ms: int,
 ) -> list[Any]:
     """With pathcomp dead, `cut` the red path of `pair` at link `where` under a flow;
-    restore it, then start pathcomp again under traffic. Returns the pair's failovers."""
+    restore it; the flips it caused revert on their own; then start pathcomp again under
+    traffic, which changes no kernel. Returns the pair's failovers."""
     src, dst = pair
     link = f.red_path(src, dst)[where]
     await warm(f.lab, pair)
@@ -205,6 +206,9 @@ async def _pathcomp_away_then_back(
     await f.until(lambda: f.link_events(link, "up", t1), 10, "health: link up again")
     await f.settled()
     await asyncio.sleep(1.0)  # health's writer has stored the link's state
+    # The sources' own flips go back by themselves once their red sessions are Up again
+    # (after the hold-down), pathcomp or not: only then is the kernel as pathcomp left it.
+    await f.until(lambda: not f.overridden(), 15, "every flip reverted without pathcomp")
     running = await _flows(f, 5000, 5431 + where)
     await asyncio.sleep(0.5)
     before = f.kernel_changes()
