@@ -57,9 +57,10 @@ bench: venv
 	$(BIN)/python tests/bench/bench_carrier.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_bfd.py --write docs/benchmarks.md
 
-## bench-failover: random single failures on a lab under all-to-all traffic (root); the gap
-## distribution goes to docs/benchmarks.md, JSON and a CDF plot to docs/images/
-bench-failover: venv
+## bench-failover: random single failures on a lab under all-to-all traffic (root), THORN
+## beside FRR (test-deps installs it) and a static path; the gap distribution goes to
+## docs/benchmarks.md, JSON and a CDF plot to docs/images/
+bench-failover: venv test-deps
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install --quiet matplotlib
 	$(BIN)/python tests/bench/bench_failover.py --failures 100 --write docs/benchmarks.md
 
