@@ -30,6 +30,7 @@ from thorn.events import (
 from thorn_programmer.agent import NodeAgent
 from thorn_programmer.drivers import open_driver
 from thorn_programmer.drivers.netlink import NetlinkDatapath
+from thorn_programmer.intent import HostIntent
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 and os.environ.get("CI") != "true",
@@ -68,10 +69,23 @@ class Agents:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
     async def settled(self, node: str, revision: int, within: float = 10) -> None:
-        """Wait until `node`'s agent has applied key revision >= `revision`."""
+        """Wait until `node`'s agent has applied key revision >= `revision`, with its VNIs'
+        membership complete (the VNI documents arrive on watches of their own)."""
         agent = self.agents[node]
+
+        def done() -> bool:
+            applied = agent.applied
+            complete = (
+                not isinstance(applied, HostIntent)
+                or not applied.local
+                or (bool(applied.peers) and not applied.incomplete)
+            )
+            return agent.status.key_revision >= revision and agent.status.reconciles > 0 and (
+                complete
+            )  # fmt: skip
+
         async with asyncio.timeout(within):
-            while agent.status.key_revision < revision or agent.status.reconciles == 0:
+            while not done():
                 await agent.reconciled.wait()
 
 
@@ -136,6 +150,7 @@ async def test_local_failover_flips_without_the_controller(
     revisions = await put_all(kv, documents(hosts))
     agents.start()
     await agents.settled("h1", revisions["node.h1"])
+    await agents.settled("h2", revisions["node.h2"])
     sh("ip", "-n", hosts.ns["h1"], "link", "set", "dev", "eth1", "down")
     # Each end detects the cut on its own (carrier, BFD) and flips toward the other.
     seconds = await agents.agents["h1"].flip("h2", "blue", "test: red link cut")

@@ -21,6 +21,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -105,6 +106,7 @@ STALE_DOCUMENTS = Counter(
 
 _DOCUMENT: TypeAdapter[DesiredState] = TypeAdapter(DesiredState)
 HEARTBEAT_SECONDS = 15.0  # well inside pathcomp's 60 s liveness window
+RENDER_TRIES = 3  # a reconcile renders again when a flip lands while it reads, this often
 OUTBOX_LIMIT = 1000  # failover events kept while NATS is away (the oldest go first)
 
 # (kind, netns) -> the driver, as an async context manager
@@ -163,6 +165,7 @@ class NodeAgent:
         self.reconciled = asyncio.Event()  # set after every reconcile (tests wait on it)
         # Flips asked for by BFD, and the work each flip leaves for after the kernel change.
         self._flips: set[asyncio.Task[None]] = set()
+        self._flips_done = 0  # flips applied so far (see reconcile_now)
         # Failover events NATS did not take yet, sent again before the next one and with
         # each heartbeat: the failover history must not lose what happened while it was away.
         # Each with its Nats-Msg-Id: a publish that timed out may still have been stored (the
@@ -293,21 +296,32 @@ class NodeAgent:
         return self._driver
 
     async def reconcile_now(self) -> ReconcileResult | None:
-        async with self._lock:
-            received = self._received
-            intent = self.intent()
-            if intent is None and not self._deleted:
-                return None
-            if intent is None:  # the node left the fabric: remove what THORN made
-                if self._driver is None:
+        """Make the kernel match the desired state with this host's overrides. The kernel
+        is read and diffed without the agent's lock, so a failover never waits behind a
+        long read; a flip that lands meanwhile makes this render again (the last try holds
+        the lock throughout, so a reconcile always ends)."""
+        result: ReconcileResult | None = None
+        for attempt in range(RENDER_TRIES):
+            whole = attempt + 1 == RENDER_TRIES
+            async with self._lock:
+                prepared = await self._prepare()
+                if prepared is None:
                     return None
-                intent = _empty(self._last_intent, self.node)
-            kind = "host" if isinstance(intent, HostIntent) else "switch"
-            driver = await self._driver_for(kind)
-            result = await reconcile(driver, intent)
-            self._last_intent = intent
-            self.status.key_revision = received
-            self._record(result)
+                intent, received, driver = prepared
+                generation = self._flips_done
+                commit = functools.partial(self._commit, intent, received)
+                if whole:
+                    result = await reconcile(driver, intent, commit=commit)
+            if not whole:
+                result = await reconcile(
+                    driver, intent, lock=self._lock, commit=commit,
+                    current=lambda: self._flips_done == generation,  # noqa: B023 (this pass's)
+                )  # fmt: skip
+                if result.stale:
+                    continue
+            break
+        assert result is not None
+        self._record(result)
         self.reconciled.set()
         self.reconciled = asyncio.Event()
         self._last_result = result
@@ -315,6 +329,24 @@ class NodeAgent:
         for follower in self.on_applied:
             await follower(None if self._deleted else self._last_intent)
         return result
+
+    async def _prepare(self) -> tuple[Intent, int, NetlinkDatapath] | None:
+        """Under the lock: the intent to reconcile, the KV revision it follows, its driver."""
+        received = self._received
+        intent = self.intent()
+        if intent is None and not self._deleted:
+            return None
+        if intent is None:  # the node left the fabric: remove what THORN made
+            if self._driver is None:
+                return None
+            intent = _empty(self._last_intent, self.node)
+        kind = "host" if isinstance(intent, HostIntent) else "switch"
+        return intent, received, await self._driver_for(kind)
+
+    def _commit(self, intent: Intent, received: int) -> None:
+        """Under the lock, once the kernel matches `intent`: it is what flips start from."""
+        self._last_intent = intent
+        self.status.key_revision = received
 
     def _record(self, result: ReconcileResult) -> None:
         s = self.status
@@ -518,6 +550,7 @@ class NodeAgent:
             report = await driver.apply(changes)
             seconds = time.perf_counter() - start
             self._last_intent = after
+            self._flips_done += 1  # a reconcile that read before this renders again
         FLIPS.labels(self.node).inc()
         applied = trace.then("agent_applied", self.node) if trace is not None else None
         # The rest (the overrides file, logs, the failover event) waits until the loop has

@@ -11,7 +11,10 @@ is up) are reported apart and carried out when the port comes up (repair.LocalRe
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from thorn_programmer.drivers.netlink import ApplyError, NetlinkDatapath
@@ -32,6 +35,7 @@ class ReconcileResult:
     deferred: list[ApplyError] = field(default_factory=list)  # see ApplyReport.deferred
     passes: int = 0
     seconds: float = 0.0
+    stale: bool = False  # a failover changed the intent while it read: render again
 
     @property
     def ok(self) -> bool:
@@ -45,22 +49,41 @@ async def plan_changes(driver: NetlinkDatapath, intent: Intent) -> list[Change]:
     return diff(desired, actual)
 
 
-async def reconcile(driver: NetlinkDatapath, intent: Intent) -> ReconcileResult:
+async def reconcile(
+    driver: NetlinkDatapath,
+    intent: Intent,
+    *,
+    lock: asyncio.Lock | None = None,
+    current: Callable[[], bool] = lambda: True,
+    commit: Callable[[], None] = lambda: None,
+) -> ReconcileResult:
+    """Reconcile `intent`. With `lock`, the kernel is read and diffed without it and only
+    the changes are applied under it, so a failover (which takes the same lock) does not
+    wait behind a long read; if `current()` turns false meanwhile (a flip moved peers), the
+    pass stops with `stale` set and the caller renders again. `commit` runs under the lock
+    once the kernel matches `intent` as far as it can."""
     start = time.perf_counter()
     result = ReconcileResult(node=intent.node, revision=intent.revision, driver=driver.name)
     failed: set[tuple[str, tuple[object, ...]]] = set()
-    for _ in range(MAX_PASSES):
+    guard = lock if lock is not None else contextlib.nullcontext()
+    for n in range(MAX_PASSES):
         changes = await plan_changes(driver, intent)
         todo = [c for c in changes if (c.op, c.obj.key) not in failed]
-        if not todo:
-            break
-        result.passes += 1
-        report = await driver.apply(todo)
-        result.applied += report.applied
-        result.errors += report.errors
-        result.deferred += report.deferred
-        failed |= {(e.change.op, e.change.obj.key) for e in report.errors + report.deferred}
-        if not report.applied:
-            break
+        async with guard:
+            if not current():
+                result.stale = True
+                break
+            report = None
+            if todo:
+                result.passes += 1
+                report = await driver.apply(todo)
+                result.applied += report.applied
+                result.errors += report.errors
+                result.deferred += report.deferred
+                failed |= {(e.change.op, e.change.obj.key)
+                           for e in report.errors + report.deferred}  # fmt: skip
+            if report is None or not report.applied or n + 1 == MAX_PASSES:
+                commit()
+                break
     result.seconds = time.perf_counter() - start
     return result
