@@ -12,10 +12,10 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 import structlog
@@ -153,6 +153,7 @@ class PathService:
         # each link or node has been out of service ((kind, name) -> (plan revision, time)).
         self.changed_at: dict[str, int] = {}
         self._received_at: dict[int, datetime] = {}  # link -> its latest event's arrival
+        self._background: set[asyncio.Task[None]] = set()
         self.took_over = asyncio.Event()  # set once this replica, leading, has `take_over`
         self.written: dict[str, int] = {}
         self.out_since: dict[tuple[str, str], tuple[int, datetime]] = {}
@@ -338,22 +339,38 @@ class PathService:
             await self._adopt(
                 fabric, plan, states, update, seconds, "incremental", reason, vnis=False
             )
-            await self._tell_reprotected()
-            await self._record_reprotection(events, reason)
+            # Waiting for the agents' acks is done off the lock: the next replan (the other
+            # links of a failing switch, a restore) must not wait behind a late agent.
+            nodes = sorted(n for n, at in self.changed_at.items() if at == self.revision)
+            self._after(self._reprotected(events, reason, dict(self._last_stage), nodes,
+                                          self.revision))  # fmt: skip
             # Risks and stretch for GET /plan, off the critical path.
             plan.summary = await asyncio.to_thread(plan.summarise)
             UNPROTECTED.set(plan.summary.unprotected_pairs)
 
-    async def _record_reprotection(self, events: dict[int, LinkHealthChanged], reason: str) -> None:
+    def _after(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work, name="pathcomp-reprotected")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _reprotected(self, events: dict[int, LinkHealthChanged], reason: str,
+                           last_stage: dict[str, int], nodes: list[str],
+                           revision: int) -> None:  # fmt: skip
+        """Once the replan's last stage is applied (or the stage timeout passed): flipped
+        sources may move back, and each failure's trace gets its last hop."""
+        late = await self.acks.wait(last_stage, self.stage_timeout)
+        await self._tell_reprotected(revision)
+        await self._record_reprotection(events, reason, nodes, late)
+
+    async def _record_reprotection(self, events: dict[int, LinkHealthChanged], reason: str,
+                                   nodes: list[str], late: list[str]) -> None:  # fmt: skip
         """The end of re-protection, as the last hop of each failure's trace: the nodes
-        this plan rewrote have applied it (or the stage timeout passed)."""
+        this plan rewrote have applied it (or the stage timeout passed: `late`)."""
         if self.bus is None or not self.is_leader():
             return
-        nodes = sorted(n for n, at in self.changed_at.items() if at == self.revision)
         traced = {i: e for i, e in events.items() if e.trace is not None}
         if not nodes or not traced:
             return
-        late = await self.acks.wait(self._last_stage, self.stage_timeout)
         for link_id, event in sorted(traced.items()):
             assert event.trace is not None
             trace = event.trace
@@ -371,19 +388,18 @@ class PathService:
             except PublishError as exc:  # the history misses one hop; the plan stands
                 log.warning("reprotection_not_recorded", link_id=link_id, error=str(exc))
 
-    async def _tell_reprotected(self) -> None:
-        """The new plan is written and applied: sources flipped earlier may move back to
-        their preferred colour (revertive agents do, after their hold-down)."""
+    async def _tell_reprotected(self, revision: int) -> None:
+        """The new plan is written and applied (the caller waited for the last stage, the
+        hosts' own documents): sources flipped earlier may move back to their preferred
+        colour (revertive agents do, after their hold-down)."""
         if self.bus is None or not self._flipped:
             return
         if not self.is_leader():  # kept: this replica, leading again, tells them later
             return
         flipped, self._flipped = self._flipped, {}
-        # The last stage (the hosts' own documents) is applied before anyone moves back.
-        await self.acks.wait(self._last_stage, self.stage_timeout)
         for node, peers in sorted(flipped.items()):
             command = FlipCommand(node=node, kind="reprotected", peers=sorted(peers),
-                                  element="re-protection", plan_revision=self.revision)  # fmt: skip
+                                  element="re-protection", plan_revision=revision)  # fmt: skip
             try:
                 await self.bus.publish(command)
             except PublishError as exc:
@@ -440,6 +456,8 @@ class PathService:
         await asyncio.wait_for(self._idle.wait(), within)
 
     async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
         if self._replanner is not None:
             self._replanner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
