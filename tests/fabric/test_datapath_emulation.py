@@ -18,7 +18,7 @@ from thorn.desired import ColourName
 from thorn_programmer.drivers.emulation import EmulationDriver
 from thorn_programmer.drivers.netlink import NetlinkDatapath
 from thorn_programmer.intent import HostIntent, LocalWorkload, UnderlayRoute
-from thorn_programmer.kernel import PRIMARY_METRIC, Fdb, Redirect
+from thorn_programmer.kernel import PRIMARY_METRIC, RT_TABLE_MAIN, Fdb, Redirect
 from thorn_programmer.reconcile import plan_changes, reconcile
 
 pytestmark = pytest.mark.skipif(
@@ -95,7 +95,7 @@ async def test_a_missing_device_is_reported_and_the_rest_applied(hosts: TwoHosts
         left = await plan_changes(driver, broken)
     failed = {c.change.obj.key for c in result.errors}
     assert all("does not exist" in e.message for e in result.errors)
-    assert ("route", "10.250.0.0/24", PRIMARY_METRIC) in failed
+    assert ("route", "10.250.0.0/24", PRIMARY_METRIC, RT_TABLE_MAIN) in failed
     assert any(k[:2] == ("u32", "vf7_rep") for k in failed)
     # Everything else is in place: the peer's FDB entry, the working workload's redirect.
     assert {c.obj.key for c in left} <= failed

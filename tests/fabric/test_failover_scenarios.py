@@ -38,7 +38,7 @@ from thorn.lab.handle import Lab
 __all__ = ["nats", "nats_server", "system"]  # the fixtures, used by name
 
 # Generous: on this 2-core machine, idle, they measured 0-30 ms and 105-165 ms.
-ADMIN_GAP_MS = 500  # carrier event -> kernel backup or central flip: tens of ms by design
+ADMIN_GAP_MS = 500  # carrier event -> the kernel's backup: a few ms by design
 SILENT_GAP_MS = 750  # BFD 3 x 50 ms, then the first of the tiers to act: ~160 ms by design
 SENDER, RECEIVER = 1, 2  # index in the red path's links: leaf1's uplink, spine1 -> leaf2
 
@@ -72,8 +72,9 @@ async def test_an_admin_down_link_on_the_red_path_costs_one_short_gap(
     system: System, where: int
 ) -> None:
     """Both ends of the link go admin down (the kernel deletes the routes through it):
-    near the sender leaf1's kernel moves to the backup route at once, near the receiver the
-    switches' carrier reports reach health and pathcomp flips host1 to blue."""
+    near the sender leaf1's kernel moves to the backup route at once; near the receiver
+    spine1's kernel moves to its U-turn backup at once, and then the switches' carrier
+    reports reach health and pathcomp flips host1 to blue (off the longer way round)."""
     f = system
     link, source, report, t0 = await _cut_under_a_flow(f, where, faults.link_down, 5201 + where)
     assert source.startswith("carrier:"), source

@@ -31,6 +31,7 @@ from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers.netlink import NetlinkDatapath
 from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import SwitchIntent, switch_intent
+from thorn_programmer.kernel import RT_TABLE_MAIN, UTURN_RULE_PRIORITY, PortRule, uturn_table
 from thorn_programmer.kernel import Route as KernelRoute
 from thorn_programmer.monitor import LinkEvent, LinkMonitor
 from thorn_programmer.reconcile import reconcile
@@ -178,9 +179,16 @@ async def test_a_switch_reads_back_exactly_the_thorn_routes_the_general_reader_f
     sh("ip", "-n", ns, "route", "add", "10.99.0.0/24", "via", PRIMARY)  # proto boot
     sh("ip", "-n", ns, "route", "add", "10.98.0.0/24", "via", PRIMARY, "proto", "146",
        "table", "100")  # fmt: skip
-    lean = await switch.read()
+    read = await switch.read()
+    lean = [o for o in read if isinstance(o, KernelRoute) and o.table == RT_TABLE_MAIN]
     full = [o for o in await NetlinkDatapath.read(switch) if isinstance(o, KernelRoute)]
     assert sorted(lean, key=repr) == sorted(full, key=repr)
+    # and beside them the U-turn rule and table of a1 (the primaries' port), nothing else
+    table = uturn_table(switch.ifindex["a1"])
+    assert {o for o in read if o not in lean} == {
+        PortRule(family=4, iif="a1", table=table),
+        *(KernelRoute(f"{dst}/32", "a2", BACKUP, 20, table) for dst in PROTECTED),
+    }
     assert {(o.prefix, o.dev, o.metric) for o in lean} >= {("fd00:224::/64", "a1", 10)}
     assert not {o.prefix for o in lean} & {"10.99.0.0/24", "10.98.0.0/24"}
 
@@ -207,6 +215,50 @@ async def test_carrier_loss_at_the_primary_moves_traffic_to_the_backup_and_back_
     assert triangle.table() == INSTALLED  # nothing was deleted: the kernel skips the primary
     sh("ip", "-n", triangle.b, "link", "set", "b1", "up")
     wait_for(lambda: triangle.route_get(PROTECTED[0]) == "a1")
+
+
+def route_get_from(t: Triangle, dst: str, source: str, iif: str) -> str:
+    """The device s forwards a packet to `dst` out of, arriving on `iif` from `source`."""
+    [answer] = json.loads(sh("ip", "-n", t.s, "-j", "route", "get", dst, "from", source,
+                             "iif", iif))  # fmt: skip
+    return str(answer["dev"])
+
+
+async def test_a_packet_that_arrives_on_its_primarys_port_takes_the_backup_a_u_turn(
+    triangle: Triangle, switch: SwitchRouteDriver
+) -> None:
+    """The U-turn rule: a1 is the protected routes' primary port, so a packet for them
+    that comes in on a1 (b's backup sent it here, b's own link toward the destination
+    having failed) leaves by the backup, a2, instead of going back to b. Packets coming in
+    on a2 follow the primaries as ever, and an unprotected route has nowhere else to go."""
+    t = triangle
+    [rule] = [r for r in json.loads(sh("ip", "-n", t.s, "-j", "rule", "show"))
+              if r.get("iif") == "a1"]  # fmt: skip
+    assert (rule["priority"], rule["table"], rule.get("protocol")) == (
+        UTURN_RULE_PRIORITY, str(uturn_table(switch.ifindex["a1"])), "146")  # fmt: skip
+    assert {route_get_from(t, dst, PRIMARY, "a1") for dst in PROTECTED} == {"a2"}
+    assert {route_get_from(t, dst, BACKUP, "a2") for dst in PROTECTED} == {"a1"}
+    assert route_get_from(t, UNPROTECTED, PRIMARY, "a1") == "a1"
+    # Real packets from b, sent toward s for a protected destination, leave s on a2.
+    sh("ip", "-n", t.b, "route", "add", f"{PROTECTED[0]}/32", "via", "10.0.1.1")
+
+    def send() -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for n in range(20):
+                sock.sendto(f"u-turn {n}".encode(), (PROTECTED[0], 47000))
+
+    before = t.tx_packets("a2")
+    await asyncio.to_thread(run_in_netns, t.b, send)
+    assert t.tx_packets("a2") - before >= 20
+    # A document without backups takes the rule and its table away.
+    bare = SwitchState(node="s", plan_revision=2, topology_revision=1, routes=[
+        r.model_copy(update={"backup": None}) for r in document().routes])  # fmt: skip
+    result = await reconcile(switch, switch_intent(bare))
+    assert result.ok, result.errors
+    assert not [r for r in json.loads(sh("ip", "-n", t.s, "-j", "rule", "show"))
+                if r.get("iif") == "a1"]  # fmt: skip
+    assert not [o for o in await switch.read() if isinstance(o, PortRule | KernelRoute)
+                and (isinstance(o, PortRule) or o.table != RT_TABLE_MAIN)]  # fmt: skip
 
 
 async def test_admin_down_of_the_primary_port_leaves_the_backup(

@@ -4,8 +4,9 @@ loop-free backup exists, the plan says so and installs none.
 
 Forwarding is simulated the way a switch's kernel does it from the documents pathcomp
 writes (longest prefix match; the primary route while its link and neighbour are alive,
-else the backup, else the packet is dropped), plus the same walk over the planner's own
-trees on random fabrics.
+else the backup, else the packet is dropped; and the agents' U-turn rule: a packet that
+arrives over the link its primary would send it back by takes the backup while that is
+alive), plus the same walk over the planner's own trees on random fabrics.
 """
 
 from __future__ import annotations
@@ -78,33 +79,55 @@ class Tables:
     def lookup(self, node: str, address: IPAddress) -> dict[str, Any] | None:
         return next((r for net, r in self.routes[node] if address in net), None)
 
-    def step(self, node: str, route: dict[str, Any], failure: Failure) -> tuple[str, bool] | None:
-        """(next node, by the backup) or None: dropped here."""
-        for choice, backup in ((route, False), (route.get("backup"), True)):
-            if choice is None:
-                continue
-            if self.link_at[(node, choice["port"])] in failure.links:
-                continue
-            if choice["neighbour"] == failure.switch:
-                continue
-            return str(choice["neighbour"]), backup
+    def alive(self, node: str, choice: dict[str, Any], failure: Failure) -> bool:
+        return (
+            self.link_at[(node, choice["port"])] not in failure.links
+            and choice["neighbour"] != failure.switch
+        )
+
+    def step(
+        self, node: str, route: dict[str, Any], failure: Failure, came_by: int | None = None
+    ) -> tuple[str, int] | None:
+        """(next node, the link it goes over) or None: dropped here. `came_by`: the link
+        the packet arrived over (None: it starts here)."""
+        backup = route.get("backup")
+        if (
+            backup is not None
+            and came_by == self.link_at[(node, route["port"])]
+            and self.alive(node, backup, failure)
+        ):  # the U-turn rule of that port's table
+            return str(backup["neighbour"]), self.link_at[(node, backup["port"])]
+        for choice in (route, backup):
+            if choice is not None and self.alive(node, choice, failure):
+                return str(choice["neighbour"]), self.link_at[(node, choice["port"])]
         return None
 
 
-def walk(tables: Tables, start: str, address: IPAddress, failure: Failure) -> str:
-    """Forward from `start` toward `address`: the host reached, or "drop@<switch>"."""
-    seen: list[str] = []
+def walk(
+    tables: Tables,
+    start: str,
+    address: IPAddress,
+    failure: Failure,
+    came_by: int | None = None,
+    seen: list[tuple[str, int | None]] | None = None,
+) -> str:
+    """Forward from `start` (reached over link `came_by`) toward `address`: the host
+    reached, or "drop@<switch>"; `seen` collects (switch, incoming link) on the way."""
+    # A switch's forwarding depends on the packet's incoming link too (the U-turn rule): a
+    # loop is a (switch, incoming link) seen twice; a U-turn passes its sender twice.
+    seen = [] if seen is None else seen
     node = start
     while node in tables.routes:
-        assert node not in seen, f"loop toward {address}: {' -> '.join([*seen, node])}"
-        seen.append(node)
+        path = " -> ".join(n for n, _ in [*seen, (node, came_by)])
+        assert (node, came_by) not in seen, f"loop toward {address}: {path}"
+        seen.append((node, came_by))
         route = tables.lookup(node, address)
         if route is None:
             return f"drop@{node}"
-        step = tables.step(node, route, failure)
+        step = tables.step(node, route, failure, came_by)
         if step is None:
             return f"drop@{node}"
-        node = step[0]
+        node, came_by = step
     return node
 
 
@@ -157,27 +180,37 @@ def test_every_installed_backup_leads_to_the_destination_without_coming_back(nam
     fabric = Fabric.from_document(GENERATED[name])
     plan = Plan.compute(fabric)
     tables = Tables(fabric, DesiredStates.build(fabric, plan, revision=1))
-    none = Failure(frozenset())
-    checked = 0
-    for routes in tables.routes.values():
+    checked = uturns = 0
+    for node, routes in tables.routes.items():
         for net, route in routes:
             backup = route.get("backup")
             if backup is None:
                 continue
             assert backup["port"] != route["port"]
+            # The primary's link failed: from the backup's neighbour (reached over the
+            # backup's link), the packet reaches the host and never comes back to `node`.
+            failed = Failure(frozenset({tables.link_at[(node, route["port"])]}))
             hosts = [t for t in fabric.teps.values() if t.address in net]
             for tep in hosts:
-                # From the backup's neighbour, primaries alone reach the host, never `node`.
-                path = walk(tables, backup["neighbour"], tep.address, none)
+                seen: list[tuple[str, int | None]] = []
+                came_by = tables.link_at[(node, backup["port"])]
+                path = walk(tables, backup["neighbour"], tep.address, failed, came_by, seen)
                 assert path == tep.node
+                assert node not in {n for n, _ in seen}
                 checked += 1
+                back = tables.lookup(backup["neighbour"], tep.address)
+                uturns += back is not None and back["neighbour"] == node
     assert checked > 0
+    if name.startswith("leaf-spine") and "dual" not in name:
+        assert uturns > 0  # spines' last hops down are protected by U-turns
 
 
-def test_a_leaf_backs_up_its_uplink_through_another_spine_and_a_spine_has_no_way_down() -> None:
+def test_a_leaf_backs_up_its_uplink_through_another_spine_and_a_spine_by_a_u_turn() -> None:
     """Two-tier Clos: a leaf's route up to spine1 falls back to spine2 (closer to the
-    destination on the same colour); spine1's last hop down to a leaf has no loop-free
-    alternative (every other neighbour is a leaf that would send the packet back)."""
+    destination on the same colour). spine1's last hop down to a leaf has no downstream
+    alternative; its backup is a U-turn: another leaf, whose own route goes straight back
+    up to spine1 and whose backup goes up to spine2. The spine of the other colour, which
+    no leaf routes that colour through, has no backup at all (a reported risk)."""
     fabric = Fabric.from_document(leaf_spine(2, 4, 1))
     plan = Plan.compute(fabric)
     states = DesiredStates.build(fabric, plan, revision=1)
@@ -186,11 +219,20 @@ def test_a_leaf_backs_up_its_uplink_through_another_spine_and_a_spine_has_no_way
     assert up and all(r["backup"]["neighbour"].startswith("spine") for r in up)
     assert all(r["backup"]["neighbour"] != r["neighbour"] for r in up)
     spine = orjson.loads(states.document("spine1"))["routes"]
+    tables = Tables(fabric, states)
     down = [r for r in spine if r["neighbour"].startswith("leaf")]
-    assert down and all("backup" not in r for r in down)
+    by_uturn = [r for r in down if "backup" in r]
+    assert by_uturn and all(r["backup"]["neighbour"].startswith("leaf") for r in by_uturn)
+    for r in by_uturn:
+        via = r["backup"]["neighbour"]
+        back = tables.lookup(via, ipaddress.ip_network(r["prefix"]).network_address)
+        assert back is not None and back["neighbour"] == "spine1"
+        assert back["backup"]["neighbour"].startswith("spine")
+        assert back["backup"]["neighbour"] != "spine1"
     risks = reported_risks(plan)
-    assert any(s == "spine1" for s, _, _ in risks)
     assert not any(s.startswith("leaf") for s, _, _ in risks)
+    uncovered = {r["colour"] for r in down if "backup" not in r}
+    assert len(uncovered) == 1 and any(s == "spine1" for s, _, _ in risks)
 
 
 def _graph_walk(
@@ -198,22 +240,24 @@ def _graph_walk(
 ) -> str:
     """The same walk over the planner's routes and backups; `dead`: edge indices down."""
     routes = routing(graph, trees, colour)
-    seen: set[int] = set()
-    v = start
+    seen: set[tuple[int, int]] = set()
+    v, came_by = start, -1
     while True:
-        assert v not in seen, f"loop at switch {v}"
-        seen.add(v)
+        assert (v, came_by) not in seen, f"loop at switch {v}"
+        seen.add((v, came_by))
         hop = routes.next[v]
         if hop is None:
             return "unreachable"
         if hop.switch == HOST:
             return "delivered"
-        if hop.edge in dead:
-            alternate = routes.backup.get(v)
+        alternate = routes.backup.get(v)
+        if hop.edge in dead or hop.edge == came_by:  # failed, or the U-turn rule
             if alternate is None or alternate.edge in dead:
-                return "dropped"
-            hop = alternate
-        v = hop.switch
+                if hop.edge in dead:
+                    return "dropped"
+            else:
+                hop = alternate
+        v, came_by = hop.switch, hop.edge
 
 
 def _check_random(fabric: Fabric) -> None:
@@ -223,7 +267,12 @@ def _check_random(fabric: Fabric) -> None:
         for colour in (Colour.red, Colour.blue):
             routes = routing(graph, trees, colour)
             for v, alternate in routes.backup.items():
-                assert routes.dist[alternate.switch] < routes.dist[v]
+                if v in routes.uturn:  # the neighbour's own route comes back over that link
+                    u = alternate.switch
+                    assert routes.next[u] is not None and routes.next[u].edge == alternate.edge
+                    assert u in routes.backup and u not in routes.uturn
+                else:
+                    assert routes.dist[alternate.switch] < routes.dist[v]
             links = [{i} for i in range(len(graph.edges))]
             switches = [set(graph.incident[s]) for s in range(len(graph.switches))]
             for dead in links + switches:

@@ -1,7 +1,8 @@
 """A switch's routes with their loop-free backups, and its local repair (pure parts).
 
 What is installed: per route its primary at metric 10 and, where pathcomp found one, the
-backup at metric 20; a withdrawn port's primaries are left to their backups. What changes:
+backup at metric 20, and the U-turn rule of each protected primary's port (its table holds
+the backups); a withdrawn port's primaries are left to their backups. What changes:
 the diff touches only the route that differs. The route messages are checked against
 pyroute2's own decoder; the kernel's side is tests/fabric/test_switch_repair.py.
 """
@@ -14,15 +15,34 @@ from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from pyroute2.netlink.rtnl.fibmsg import fibmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from thorn.desired import Backup, HostState, Route, SwitchState
 from thorn.events import FailoverEvent
 from thorn_programmer.drivers.netlink import ApplyReport
-from thorn_programmer.drivers.routes import RTM_DELROUTE, RTM_NEWROUTE, route_message
+from thorn_programmer.drivers.routes import (
+    RTM_DELROUTE,
+    RTM_DELRULE,
+    RTM_NEWROUTE,
+    RTM_NEWRULE,
+    parse_thorn_route,
+    parse_thorn_rule,
+    route_message,
+    rule_message,
+)
 from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import NextHop, SwitchIntent, UnderlayRoute, host_intent, switch_intent
-from thorn_programmer.kernel import BACKUP_METRIC, PRIMARY_METRIC, RTPROT_THORN, Change, diff
+from thorn_programmer.kernel import (
+    BACKUP_METRIC,
+    PRIMARY_METRIC,
+    RTPROT_THORN,
+    UTURN_RULE_PRIORITY,
+    Change,
+    PortRule,
+    diff,
+    uturn_table,
+)
 from thorn_programmer.kernel import Route as KernelRoute
 from thorn_programmer.monitor import LinkEvent, OperState
 from thorn_programmer.netlink.constants import NlmFlag
@@ -116,6 +136,70 @@ def test_a_route_of_an_older_version_without_a_metric_is_replaced_make_before_br
     assert ops(changes) == [("add", 10, "swp1"), ("add", 20, "swp2"), ("delete", 0, "swp1")]
 
 
+def test_each_protected_primary_port_gets_one_u_turn_rule_whose_table_holds_the_backups() -> None:
+    tables = {"swp1": uturn_table(11), "swp2": uturn_table(12), "swp3": uturn_table(13)}
+    intent = switch_intent(state(
+        route("10.224.0.16/32"),
+        route("10.224.0.17/32"),
+        route("fd00:224::/64", backup=Backup(port="swp2", neighbour="spine2", via="fe80::2")),
+        route("10.224.0.18/32", backup=None, port="swp3"),  # unprotected: no U-turn
+    ))  # fmt: skip
+    objects = switch_objects(intent, tables)
+    assert [o for o in objects if isinstance(o, PortRule)] == [
+        PortRule(family=4, iif="swp1", table=0x70000000 + 11, priority=UTURN_RULE_PRIORITY),
+        PortRule(family=6, iif="swp1", table=0x70000000 + 11, priority=UTURN_RULE_PRIORITY),
+    ]
+    uturns = [(o.prefix, o.dev, o.metric) for o in objects
+              if isinstance(o, KernelRoute) and o.table == 0x70000000 + 11]  # fmt: skip
+    assert uturns == [("10.224.0.16/32", "swp2", 20), ("10.224.0.17/32", "swp2", 20),
+                      ("fd00:224::/64", "swp2", 20)]  # fmt: skip
+    # Without the ports' tables (no kernel known yet): the routes alone.
+    assert not [o for o in switch_objects(intent) if isinstance(o, PortRule)]
+    # A withdraw leaves the U-turn where it was: it only moves the primaries.
+    moved = diff(
+        switch_objects(switch_intent(state(route()), withdrawn={"swp1"}), tables),
+        switch_objects(switch_intent(state(route())), tables),
+    )
+    assert [(c.op, c.obj.key) for c in moved] == [
+        ("delete", ("route", "10.224.0.16/32", 10, 254))]  # fmt: skip
+
+
+def test_tables_beyond_the_band_are_not_thorns() -> None:
+    assert uturn_table(0) is None and uturn_table(0x10000000) is None
+    assert uturn_table(1) == 0x70000001
+    assert uturn_table(100_020) is not None  # a lab's veth peers are numbered from 100000
+
+
+def test_a_u_turn_rule_is_added_exclusively_and_deleted_by_all_it_matches_on() -> None:
+    rule = PortRule(family=4, iif="swp1", table=uturn_table(7) or 0)
+    for op, kind, flags in (
+        ("add", RTM_NEWRULE, NlmFlag.REQUEST | NlmFlag.ACK | NlmFlag.CREATE | NlmFlag.EXCL),
+        ("delete", RTM_DELRULE, NlmFlag.REQUEST | NlmFlag.ACK),
+    ):
+        msg = fibmsg(rule_message(op, rule))
+        msg.decode()
+        assert (msg["header"]["type"], msg["header"]["flags"]) == (kind, flags)
+        assert (msg["family"], msg["action"], msg["table"]) == (socket.AF_INET, 1, 0)
+        assert (msg.get("FRA_IIFNAME"), msg.get("FRA_TABLE"), msg.get("FRA_PRIORITY"),
+                msg.get("FRA_PROTOCOL")) == ("swp1", 0x70000007, UTURN_RULE_PRIORITY,
+                                             RTPROT_THORN)  # fmt: skip
+    # What the reader makes of the same bytes (a dump's answers have this form).
+    assert parse_thorn_rule(rule_message("add", rule)) == rule
+    six = PortRule(family=6, iif="eth12", table=uturn_table(300) or 0, priority=20001)
+    assert parse_thorn_rule(rule_message("add", six)) == six
+
+
+def test_a_u_turn_table_route_names_its_table_and_reads_back_so() -> None:
+    table = uturn_table(7) or 0
+    route_ = KernelRoute("10.224.0.16/32", "swp2", "10.0.0.35", 20, table)
+    _, _, msg = decode(route_message("add", route_, 9))
+    assert (msg["table"], msg.get("RTA_TABLE")) == (0, table)
+    assert parse_thorn_route(route_message("add", route_, 9), {9: "swp2"}) == route_
+    # Another table that is not THORN's is not read as THORN's.
+    other = KernelRoute("10.224.0.16/32", "swp2", "10.0.0.35", 20, 100)
+    assert parse_thorn_route(route_message("add", other, 9), {9: "swp2"}) is None
+
+
 def decode(message: bytes) -> tuple[int, int, Any]:
     msg = rtmsg(message)
     msg.decode()
@@ -160,7 +244,7 @@ class Recording(SwitchRouteDriver):
     """The switch driver with its kernel side replaced by a record of the changes."""
 
     def __init__(self) -> None:
-        super().__init__(None, None, None)  # type: ignore[arg-type]
+        super().__init__(None, None, None)
         self.changes: list[list[Change]] = []
 
     async def apply(self, changes: Sequence[Change]) -> ApplyReport:
@@ -184,20 +268,20 @@ async def test_a_withdrawn_port_loses_its_protected_primaries_until_it_is_restor
     driver.render(protected())  # what reconcile last applied
     report = await driver.withdraw_port("swp1")
     assert [(c.op, c.obj.key) for c in driver.changes[-1]] == [
-        ("delete", ("route", "10.224.0.16/32", 10)),
-        ("delete", ("route", "10.224.0.17/32", 10)),
+        ("delete", ("route", "10.224.0.16/32", 10, 254)),
+        ("delete", ("route", "10.224.0.17/32", 10, 254)),
     ]
     assert len(report.applied) == 2
     rendered = driver.render(protected())  # the controller's intent, unchanged
-    assert ("route", "10.224.0.16/32", 10) not in {o.key for o in rendered}
+    assert ("route", "10.224.0.16/32", 10, 254) not in {o.key for o in rendered}
     await driver.restore_port("swp1")
     assert [(c.op, c.obj.key) for c in driver.changes[-1]] == [
-        ("add", ("route", "10.224.0.16/32", 10)),
-        ("add", ("route", "10.224.0.17/32", 10)),
+        ("add", ("route", "10.224.0.16/32", 10, 254)),
+        ("add", ("route", "10.224.0.17/32", 10, 254)),
         # and whatever else goes through the port, in case it was admin down meanwhile
         # (which deleted its routes); an add of a route still there changes nothing
-        ("add", ("route", "10.224.0.18/32", 10)),
-        ("add", ("route", "10.240.0.16/32", 20)),
+        ("add", ("route", "10.224.0.18/32", 10, 254)),
+        ("add", ("route", "10.240.0.16/32", 20, 254)),
     ]
     assert driver.render(protected()) == switch_objects(protected())
 
@@ -220,10 +304,10 @@ async def test_a_port_back_from_admin_down_gets_all_its_routes_again_at_once() -
     repair.link(link("swp1", True))
     await repair.idle()
     assert [(c.op, c.obj.key) for c in driver.changes[-1]] == [
-        ("add", ("route", "10.224.0.16/32", 10)),
-        ("add", ("route", "10.224.0.17/32", 10)),
-        ("add", ("route", "10.224.0.18/32", 10)),
-        ("add", ("route", "10.240.0.16/32", 20)),
+        ("add", ("route", "10.224.0.16/32", 10, 254)),
+        ("add", ("route", "10.224.0.17/32", 10, 254)),
+        ("add", ("route", "10.224.0.18/32", 10, 254)),
+        ("add", ("route", "10.240.0.16/32", 20, 254)),
     ]
     assert repair.last is not None and (repair.last.op, repair.last.routes) == ("reassert", 4)
 
@@ -237,8 +321,8 @@ async def test_a_withdrawn_port_back_from_admin_down_keeps_its_protected_primari
     repair.link(link("swp1", True))  # carrier is back, BFD not Up yet
     await repair.idle()
     readded = {c.obj.key for c in driver.changes[-1]}
-    assert ("route", "10.224.0.16/32", 10) not in readded  # left to its backup until BFD Up
-    assert ("route", "10.224.0.18/32", 10) in readded  # no backup: it stays in any case
+    assert ("route", "10.224.0.16/32", 10, 254) not in readded  # left to its backup until BFD Up
+    assert ("route", "10.224.0.18/32", 10, 254) in readded  # no backup: it stays in any case
 
 
 async def test_a_quick_down_then_up_ends_with_the_port_restored() -> None:
@@ -262,7 +346,7 @@ async def test_a_withdraw_with_no_driver_yet_is_kept_for_the_first_rendering() -
     driver = Recording()
     repair.attach(driver)  # e.g. the agent restarted and opened a new driver
     rendered = driver.render(protected())
-    assert ("route", "10.224.0.16/32", 10) not in {o.key for o in rendered}
+    assert ("route", "10.224.0.16/32", 10, 254) not in {o.key for o in rendered}
 
 
 def carrier(ifname: str, up: bool) -> LinkEvent:

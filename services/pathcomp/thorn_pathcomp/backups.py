@@ -19,6 +19,20 @@ switch that has no closer neighbour but its primary (a spine's last hop down to 
 a two-tier Clos) gets no backup, and that is reported as a local risk, never patched with
 an alternate that might loop. Those failures are repaired by the source flip instead.
 
+Where no downstream neighbour exists (a spine's last hop down to a leaf in a two-tier Clos),
+a U-turn alternate may (draft-atlas-ip-local-protect-uturn): a neighbour `u` whose own
+primary comes straight back to `v` over that very link, and which has a downstream backup
+`b` of its own. Every switch agent installs the U-turn rule, derived from its own routes
+alone: a packet that arrives on the port its primary route would send it out of takes that
+route's backup instead (an `ip rule iif PORT` table per port). In normal forwarding no
+packet ever arrives that way, so the rule changes nothing until a neighbour relies on it.
+Then `v -> u -> b -> ...` is loop-free: `dist[b] <= dist[v]` and `b != v`, and from `b`
+the walk descends strictly, so it never reaches `v` or the failed link. It is chosen only
+where it also protects against the primary switch `w` failing (the walk from `b` never
+passes `w`), or where `w` is the group's only attachment switch (if `w` dies, nothing
+reaches the group anyway); a U-turn through `w` could otherwise bounce between two
+switches that both lost `w`.
+
 Among the candidates, a neighbour other than the primary's is preferred: it protects
 against the primary switch failing too (node protection). Such a `u` has `dist[u] <=
 dist[w]` for the primary next hop `w`, so its own walk cannot pass through `w` either.
@@ -51,6 +65,7 @@ class ColourRouting:
     next: list[NextHop | None]  # None: no route of this colour
     dist: list[int]  # hops to an attachment switch along `next`
     backup: dict[int, NextHop]  # switch -> loop-free alternate (absent: none)
+    uturn: frozenset[int] = frozenset()  # switches whose backup is a U-turn alternate
 
 
 def routing(graph: FabricGraph, trees: GroupTrees, colour: Colour) -> ColourRouting:
@@ -62,7 +77,8 @@ def routing(graph: FabricGraph, trees: GroupTrees, colour: Colour) -> ColourRout
         assert isinstance(hit[1], ColourRouting)
         return hit[1]
     nexts, dist = _descend_idle(graph, trees, colour)
-    found = ColourRouting(nexts, dist, backup_hops(graph, nexts, dist, group_seed(trees.group)))
+    backups, uturns = backup_hops(graph, nexts, dist, group_seed(trees.group), trees.group)
+    found = ColourRouting(nexts, dist, backups, uturns)
     if len(trees.derived) > 4:
         trees.derived.clear()
     trees.derived[key] = (graph.adjacency, found)
@@ -114,9 +130,11 @@ def backup_hops(
     hops: list[NextHop | None],
     dist_of: list[int],
     seed: int,
-) -> dict[int, NextHop]:
-    """Switch -> its backup next hop, given every switch's route (`hops`) and distance
-    along the routes (`dist_of`); switches with none, or with no route, are absent."""
+    group: tuple[int, ...] = (),
+) -> tuple[dict[int, NextHop], frozenset[int]]:
+    """(switch -> its backup next hop, the switches whose backup is a U-turn), given every
+    switch's route (`hops`) toward `group` and distance along the routes (`dist_of`);
+    switches with none, or with no route, are absent."""
     c = csr(graph)
     n = len(graph.switches)
     dist = np.asarray(dist_of, dtype=np.int64)
@@ -129,9 +147,61 @@ def backup_hops(
         primary_switch[v], primary_edge[v] = hop.switch, hop.edge
         rows_of.append(v)
     if not rows_of:
-        return {}
+        return {}, frozenset()
     sources: Ints = np.array(rows_of, dtype=np.int64)
-    return _choose(c, dist, primary_switch, primary_edge, sources, seed)
+    found = _choose(c, dist, primary_switch, primary_edge, sources, seed)
+    uncovered = sources[~np.isin(sources, np.fromiter(found, np.int64, len(found)))]
+    only = group[0] if len(group) == 1 else -1
+    uturns = _uturns(c, dist, primary_switch, primary_edge, uncovered, found, only, seed)
+    found.update(uturns)
+    return found, frozenset(uturns)
+
+
+def _uturns(
+    c: Csr,
+    dist: Ints,
+    primary_switch: Ints,
+    primary_edge: Ints,
+    sources: Ints,
+    downstream: dict[int, NextHop],
+    only_attachment: int,
+    seed: int,
+) -> dict[int, NextHop]:
+    """U-turn alternates for `sources` (switches with no downstream backup): a neighbour
+    `u` over another link whose primary is the link back to `v`, with a downstream backup
+    `b` not `v` whose walk never passes `v`'s primary switch `w` (unless `w` is the group's
+    only attachment switch, `only_attachment`)."""
+    if not sources.size or not downstream:
+        return {}
+    entries = _ranges(c.indptr[sources], c.indptr[sources + 1])
+    if not entries.size:
+        return {}
+    n = len(dist)
+    backup_switch = np.full(n, -1, dtype=np.int64)
+    for u, alternate in downstream.items():
+        backup_switch[u] = alternate.switch
+    src, nbr, eid = c.src[entries], c.nbr[entries], c.eid[entries]
+    w, b = primary_switch[src], backup_switch[nbr]
+    ok = (eid != primary_edge[src]) & (nbr != w) & (primary_edge[nbr] == eid)
+    ok &= (b >= 0) & (b != src) & (b != w)
+    # Node protection: follow the primaries from `b` (strictly descending, so at most
+    # max-distance steps) and refuse candidates whose walk meets `w`.
+    passes = np.zeros(entries.size, dtype=bool)
+    at = np.where(ok, b, -1)
+    steps = int(dist[dist < INF].max(initial=0)) + 1
+    for _ in range(steps):
+        live = at >= 0
+        if not live.any():
+            break
+        passes |= live & (at == w)
+        at = np.where(live, primary_switch[np.maximum(at, 0)], -1)
+    ok &= ~passes | (w == only_attachment)
+    entries, src, eid = entries[ok], src[ok], eid[ok]
+    if not entries.size:
+        return {}
+    best = _segment_best(src, (_weights(seed, eid) >> np.uint64(12)).astype(np.int64))
+    hop = c.hop
+    return {v: hop[k] for v, k in zip(src[best].tolist(), entries[best].tolist(), strict=True)}
 
 
 def _choose(

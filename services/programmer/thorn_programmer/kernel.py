@@ -10,7 +10,8 @@ fields that equality ignores.
 What THORN owns, and so may change or delete (anything else is never touched):
 - devices it created (`thv<vni>` VXLAN devices, `thorn-vx`);
 - addresses labelled `TEP_LABEL` (the TEPs, on the loopback device);
-- routes with protocol `RTPROT_THORN`;
+- routes with protocol `RTPROT_THORN` (in the main table, or in a U-turn table of its band);
+- policy rules with protocol `RTPROT_THORN` (a switch port's U-turn rule);
 - tc filters at priorities `PRIO_BASE` .. `PRIO_BASE + PRIO_BAND - 1` on any device;
 - tc actions with an index in `ACTION_INDEX_BASE` .. `+ ACTION_INDEX_BAND - 1`;
 - FDB entries on its own VXLAN devices.
@@ -37,6 +38,15 @@ BROADCAST_MAC = "ff:ff:ff:ff:ff:ff"
 # ignore_routes_with_linkdown) or gone (its port is admin down, or the agent withdrew it).
 PRIMARY_METRIC = 10
 BACKUP_METRIC = 20
+RT_TABLE_MAIN = 254
+# A switch port's U-turn table (docs/datapath.md "Switch-local repair"): the band's base plus
+# the port's ifindex, looked up by the port's `ip rule iif PORT` at UTURN_RULE_PRIORITY
+# (before the main table's rule at 32766).
+# Ifindexes run high (a lab's veth peers from 100000, a busy host's past a million): the band
+# is wide, and clear of the small ids VRFs and admins use.
+UTURN_TABLE_BASE = 0x70000000
+UTURN_TABLE_BAND = 0x10000000
+UTURN_RULE_PRIORITY = 20000
 
 # Priorities inside the band, by role (a lower number is tried first). Priorities are per
 # device: representors carry LOCAL..FLOOD, tunnel devices DECAP..DECAP_FLOOD.
@@ -83,12 +93,38 @@ class Route:
     dev: str
     via: str | None
     metric: int  # PRIMARY_METRIC or BACKUP_METRIC (read back: whatever the kernel has)
+    table: int = RT_TABLE_MAIN  # or a port's U-turn table
 
     @property
     def key(self) -> tuple[object, ...]:
         # One prefix can hold a primary and a backup: the metric tells them apart (and is
         # what the kernel itself matches a replace or delete on).
-        return ("route", self.prefix, self.metric)
+        return ("route", self.prefix, self.metric, self.table)
+
+
+@dataclass(frozen=True, slots=True)
+class PortRule:
+    """`ip rule add iif PORT lookup TABLE pref PRIORITY proto thorn` for one address family
+    (4 or 6): packets that arrive on `iif` are looked up in its U-turn table first (the
+    kernel goes on to the main table when that has no usable route)."""
+
+    family: int
+    iif: str
+    table: int
+    priority: int = UTURN_RULE_PRIORITY
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        return ("port-rule", self.family, self.iif)
+
+
+def uturn_table(ifindex: int) -> int | None:
+    """The U-turn table of the port with `ifindex` (None: beyond the band)."""
+    return UTURN_TABLE_BASE + ifindex if 0 < ifindex < UTURN_TABLE_BAND else None
+
+
+def is_uturn_table(table: int) -> bool:
+    return UTURN_TABLE_BASE < table < UTURN_TABLE_BASE + UTURN_TABLE_BAND
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +257,7 @@ KernelObject = (
     (Device | Address | Route | Clsact | Redirect | Fdb | TunnelAction | EncapRule | FloodRule)
     | DecapRule
     | StrayRule
+    | PortRule
 )
 
 # Creation order; deletion runs the other way (rules before the actions and devices they use).
@@ -236,6 +273,7 @@ RANK: Mapping[type, int] = {
     EncapRule: 8,
     FloodRule: 9,
     StrayRule: 10,
+    PortRule: 11,  # after the routes of its table; deleted before them
 }
 NEVER_DELETED: tuple[type, ...] = (Clsact,)
 

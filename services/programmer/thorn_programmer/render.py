@@ -15,7 +15,7 @@ Three renderings of the same semantics:
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from thorn_programmer.intent import HostIntent, Intent, LocalWorkload, Peer, SwitchIntent
 from thorn_programmer.kernel import (
@@ -38,6 +38,7 @@ from thorn_programmer.kernel import (
     Fdb,
     FloodRule,
     KernelObject,
+    PortRule,
     Redirect,
     Route,
     TunnelAction,
@@ -62,11 +63,20 @@ def _underlay(intent: HostIntent) -> Iterator[KernelObject]:
         yield Route(prefix=r.prefix, dev=r.dev, via=r.via, metric=PRIMARY_METRIC)
 
 
-def switch_objects(intent: SwitchIntent) -> list[KernelObject]:
+def switch_objects(
+    intent: SwitchIntent, uturn_tables: Mapping[str, int] | None = None
+) -> list[KernelObject]:
     """Per route its primary at PRIMARY_METRIC and, if it has one, its backup at BACKUP_METRIC.
     A primary through a withdrawn port is left out while its backup's port is not withdrawn
-    too (with both out, the primary stays: dropping it would gain nothing)."""
+    too (with both out, the primary stays: dropping it would gain nothing).
+
+    With `uturn_tables` (port -> its U-turn table), the U-turn rule too: a packet that
+    arrives on the port its primary would send it out of takes the backup. Per such port an
+    `ip rule iif PORT` (per address family) and, in its table, each backup of a route
+    through it. Normal forwarding never sends a packet back where it came from, so this
+    only acts when a neighbour's backup is a U-turn through this switch."""
     objects: list[KernelObject] = []
+    rules: dict[tuple[int, str], int] = {}  # (family, port) -> its U-turn table
     for r in intent.routes:
         backup = r.backup
         left_to_backup = (
@@ -74,9 +84,17 @@ def switch_objects(intent: SwitchIntent) -> list[KernelObject]:
         )
         if not left_to_backup:
             objects.append(Route(prefix=r.prefix, dev=r.dev, via=r.via, metric=PRIMARY_METRIC))
-        if backup is not None:
+        if backup is None:
+            continue
+        objects.append(Route(prefix=r.prefix, dev=backup.dev, via=backup.via,
+                             metric=BACKUP_METRIC))  # fmt: skip
+        table = uturn_tables.get(r.dev) if uturn_tables is not None else None
+        if table is not None and backup.dev != r.dev:
             objects.append(Route(prefix=r.prefix, dev=backup.dev, via=backup.via,
-                                 metric=BACKUP_METRIC))  # fmt: skip
+                                 metric=BACKUP_METRIC, table=table))  # fmt: skip
+            rules[(6 if ":" in r.prefix else 4, r.dev)] = table
+    for (family, port), table in sorted(rules.items()):
+        objects.append(PortRule(family=family, iif=port, table=table))
     return objects
 
 

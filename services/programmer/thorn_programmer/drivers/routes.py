@@ -12,12 +12,12 @@ import ipaddress
 import socket
 import struct
 
-from thorn_programmer.kernel import RTPROT_THORN, Route
+from thorn_programmer.kernel import RT_TABLE_MAIN, RTPROT_THORN, PortRule, Route, is_uturn_table
 from thorn_programmer.netlink.constants import NlmFlag
 
 RTM_NEWROUTE, RTM_DELROUTE = 24, 25
-RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY = 1, 4, 5, 6
-RT_TABLE_MAIN = 254
+RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_PRIORITY, RTA_TABLE = 1, 4, 5, 6, 15
+RT_TABLE_UNSPEC = 0
 RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RT_SCOPE_NOWHERE = 0, 253, 255
 RTN_UNICAST = 1
 
@@ -53,6 +53,10 @@ def route_message(op: str, route: Route, ifindex: int | None) -> bytes:
         attrs.append(_attr(RTA_GATEWAY, gateway))
     if route.metric:  # 0 (a route read back without one): match any metric
         attrs.append(_attr(RTA_PRIORITY, _U32.pack(route.metric)))
+    table = route.table
+    if table != RT_TABLE_MAIN:  # the header's byte holds ids below 256 only
+        attrs.append(_attr(RTA_TABLE, _U32.pack(table)))
+        table = table if table < 256 else RT_TABLE_UNSPEC
     flags = NlmFlag.REQUEST | NlmFlag.ACK
     if op == "delete":
         kind, scope, rtype = RTM_DELROUTE, RT_SCOPE_NOWHERE, 0  # scope, type: any
@@ -61,8 +65,42 @@ def route_message(op: str, route: Route, ifindex: int | None) -> bytes:
         kind, rtype = RTM_NEWROUTE, RTN_UNICAST
         flags |= NlmFlag.CREATE | NlmFlag.REPLACE
         scope = RT_SCOPE_UNIVERSE if route.via else RT_SCOPE_LINK
-    body = _RTMSG.pack(family, prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_THORN, scope, rtype, 0)
+    body = _RTMSG.pack(family, prefixlen, 0, 0, table, RTPROT_THORN, scope, rtype, 0)
     body += b"".join(attrs)
+    return _HEADER.pack(_HEADER.size + len(body), kind, int(flags), 0, 0) + body
+
+
+# --- policy rules (a switch port's U-turn rule) ----------------------------------------------
+RTM_NEWRULE, RTM_DELRULE, RTM_GETRULE = 32, 33, 34
+FRA_IIFNAME, FRA_PRIORITY, FRA_TABLE, FRA_PROTOCOL = 3, 6, 15, 21
+FR_ACT_TO_TBL = 1
+FAMILIES = {4: socket.AF_INET, 6: socket.AF_INET6}
+
+
+def _padded(kind: int, payload: bytes) -> bytes:
+    attr = _NLA.pack(4 + len(payload), kind) + payload
+    return attr + bytes(-len(attr) % 4)
+
+
+def rule_message(op: str, rule: PortRule) -> bytes:
+    """`ip rule add|del iif IIF lookup TABLE pref PRIORITY proto thorn` (`op` "add" or
+    "delete"; rules have no replace). An add is exclusive: the kernel would otherwise keep
+    a second, identical rule."""
+    attrs = b"".join((
+        _padded(FRA_IIFNAME, rule.iif.encode() + b"\0"),
+        _attr(FRA_PRIORITY, _U32.pack(rule.priority)),
+        _attr(FRA_TABLE, _U32.pack(rule.table)),
+        _padded(FRA_PROTOCOL, bytes((RTPROT_THORN,))),
+    ))  # fmt: skip
+    flags = NlmFlag.REQUEST | NlmFlag.ACK
+    if op == "delete":
+        kind = RTM_DELRULE
+    else:
+        kind = RTM_NEWRULE
+        flags |= NlmFlag.CREATE | NlmFlag.EXCL
+    # fib_rule_hdr: family, dst_len, src_len, tos, table, res1, res2, action, flags
+    table = rule.table if rule.table < 256 else RT_TABLE_UNSPEC
+    body = _RTMSG.pack(FAMILIES[rule.family], 0, 0, 0, table, 0, 0, FR_ACT_TO_TBL, 0) + attrs
     return _HEADER.pack(_HEADER.size + len(body), kind, int(flags), 0, 0) + body
 
 
@@ -73,7 +111,6 @@ def route_message(op: str, route: Route, ifindex: int | None) -> bytes:
 # need, straight from the kernel's messages.
 
 RTM_GETROUTE, RTM_GETLINK = 26, 18
-RTA_TABLE = 15
 IFLA_IFNAME = 3
 _IFINFOMSG = struct.Struct("=BxHiII")
 
@@ -83,6 +120,32 @@ def dump_routes_message(family: int) -> bytes:
     body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
     flags = NlmFlag.REQUEST | NlmFlag.DUMP
     return _HEADER.pack(_HEADER.size + len(body), RTM_GETROUTE, int(flags), 0, 0) + body
+
+
+def dump_rules_message(family: int) -> bytes:
+    body = _RTMSG.pack(family, 0, 0, 0, 0, 0, 0, 0, 0)
+    flags = NlmFlag.REQUEST | NlmFlag.DUMP
+    return _HEADER.pack(_HEADER.size + len(body), RTM_GETRULE, int(flags), 0, 0) + body
+
+
+def parse_thorn_rule(message: bytes) -> PortRule | None:
+    """THORN's port rule (proto thorn, an iif, a table) an RTM_NEWRULE message holds."""
+    if len(message) < _HEADER.size + _RTMSG.size:
+        return None
+    family, *_, table, _r1, _r2, _action, _flags = _RTMSG.unpack_from(message, _HEADER.size)
+    attrs = _attrs(message, _HEADER.size + _RTMSG.size)
+    proto, iif = attrs.get(FRA_PROTOCOL), attrs.get(FRA_IIFNAME)
+    if proto is None or proto[0] != RTPROT_THORN or iif is None:
+        return None
+    if FRA_TABLE in attrs:
+        table = _U32.unpack(attrs[FRA_TABLE][:4])[0]
+    priority = _U32.unpack(attrs[FRA_PRIORITY][:4])[0] if FRA_PRIORITY in attrs else 0
+    return PortRule(
+        family=6 if family == socket.AF_INET6 else 4,
+        iif=iif.split(b"\0", 1)[0].decode("utf-8", "replace"),
+        table=table,
+        priority=priority,
+    )
 
 
 def dump_links_message() -> bytes:
@@ -114,7 +177,8 @@ def parse_link_name(message: bytes) -> tuple[int, str] | None:
 
 
 def parse_thorn_route(message: bytes, names: dict[int, str]) -> Route | None:
-    """The THORN route (proto thorn, main table) an RTM_NEWROUTE message holds, else None."""
+    """The THORN route (proto thorn, in the main table or a U-turn table) an RTM_NEWROUTE
+    message holds, else None."""
     if len(message) < _HEADER.size + _RTMSG.size:
         return None
     family, dst_len, _src, _tos, table, proto, _scope, _type, _flags = _RTMSG.unpack_from(
@@ -123,8 +187,10 @@ def parse_thorn_route(message: bytes, names: dict[int, str]) -> Route | None:
     if proto != RTPROT_THORN:
         return None
     attrs = _attrs(message, _HEADER.size + _RTMSG.size)
-    if (_U32.unpack(attrs[RTA_TABLE][:4])[0] if RTA_TABLE in attrs else table) != RT_TABLE_MAIN:
-        return None  # RTA_TABLE holds the id when it does not fit the header's byte
+    if RTA_TABLE in attrs:  # holds the id when it does not fit the header's byte
+        table = _U32.unpack(attrs[RTA_TABLE][:4])[0]
+    if table != RT_TABLE_MAIN and not is_uturn_table(table):
+        return None
     size = 4 if family == socket.AF_INET else 16
     dst = attrs.get(RTA_DST, bytes(size))
     network = ipaddress.ip_network((ipaddress.ip_address(dst[:size]), dst_len), strict=False)
@@ -136,4 +202,5 @@ def parse_thorn_route(message: bytes, names: dict[int, str]) -> Route | None:
         dev=names.get(_U32.unpack(oif[:4])[0], "?") if oif else "?",
         via=str(ipaddress.ip_address(gateway[:size])) if gateway else None,
         metric=_U32.unpack(metric[:4])[0] if metric else 0,  # IPv4: none for metric 0
+        table=table,
     )

@@ -9,6 +9,13 @@ port's routes are deleted by the kernel, which leaves the backup. A failure only
 `withdraw_port`: the primaries through the port go in one batch, and stay out of every
 rendering until `restore_port`.
 
+The U-turn rule (tier 1 where a switch has no downstream alternate, e.g. a spine's last hop
+down to a leaf): every port that is some route's primary gets `ip rule iif PORT lookup
+<its table>`, holding that route's backup; a packet arriving on the port its primary would
+send it back out of takes the backup instead. A neighbour's backup can so be a U-turn
+through this switch (pathcomp chooses it only where that is loop-free). The table number is
+the band's base plus the port's ifindex, so a restarted agent finds its rules as they are.
+
 A port that is admin down (a switch going down, a lab's `node_down`) has lost its routes,
 and the kernel refuses new ones through it: those are deferred, not errors (the agent still
 acknowledges its document), and `reassert_port` puts them back the moment the port is up.
@@ -28,12 +35,15 @@ from thorn_programmer.drivers.netlink import ApplyReport, NetlinkDatapath
 from thorn_programmer.drivers.routes import (
     dump_links_message,
     dump_routes_message,
+    dump_rules_message,
     parse_link_name,
     parse_thorn_route,
+    parse_thorn_rule,
+    rule_message,
 )
 from thorn_programmer.intent import Intent, SwitchIntent
-from thorn_programmer.kernel import Change, KernelObject, Route, diff
-from thorn_programmer.netlink import TcSocket
+from thorn_programmer.kernel import Change, KernelObject, PortRule, Route, diff, uturn_table
+from thorn_programmer.netlink import TcBatchError, TcSocket
 from thorn_programmer.render import switch_objects
 
 LINKDOWN = "ignore_routes_with_linkdown"
@@ -69,13 +79,17 @@ class SwitchRouteDriver(NetlinkDatapath):
         links = [parse_link_name(m) for m in self._reads.dump(dump_links_message())]
         self.ifindex = {name: index for index, name in filter(None, links)}
         names = {index: name for name, index in self.ifindex.items()}
-        routes: list[KernelObject] = []
+        objects: list[KernelObject] = []
         for family in (socket.AF_INET, socket.AF_INET6):
             for message in self._reads.dump(dump_routes_message(family)):
                 route = parse_thorn_route(message, names)
                 if route is not None:
-                    routes.append(route)
-        return routes
+                    objects.append(route)
+            for message in self._reads.dump(dump_rules_message(family)):
+                rule = parse_thorn_rule(message)
+                if rule is not None:
+                    objects.append(rule)
+        return objects
 
     async def setup(self) -> None:
         await super().setup()  # also reads the links
@@ -97,7 +111,30 @@ class SwitchRouteDriver(NetlinkDatapath):
         # The local override is read at every rendering, so a reconcile planned after a
         # withdraw never puts the primaries back (one planned just before it may, once: its
         # next pass renders again and takes them out).
-        return switch_objects(self._overridden(intent, self.withdrawn))
+        return self._objects(self.withdrawn)
+
+    def _objects(self, withdrawn: set[str] | frozenset[str]) -> list[KernelObject]:
+        assert self.intent is not None
+        tables = {port: table for port, index in self.ifindex.items()
+                  if (table := uturn_table(index)) is not None}  # fmt: skip
+        return switch_objects(self._overridden(self.intent, withdrawn), tables)
+
+    def _message(self, change: Change) -> bytes | None:
+        obj = change.obj
+        if isinstance(obj, PortRule):  # a replace is two messages: `_apply_rule`
+            return None if change.op == "replace" else rule_message(change.op, obj)
+        return super()._message(change)
+
+    async def _apply_rule(self, change: Change) -> None:
+        if not isinstance(change.obj, PortRule):
+            await super()._apply_rule(change)
+            return
+        assert isinstance(change.old, PortRule) and isinstance(change.new, PortRule)
+        try:
+            self.tc.send_batch([rule_message("delete", change.old),
+                                rule_message("add", change.new)])  # fmt: skip
+        except TcBatchError as exc:
+            raise exc.errors[0] from None
 
     @staticmethod
     def _overridden(intent: SwitchIntent, withdrawn: set[str] | frozenset[str]) -> SwitchIntent:
@@ -126,10 +163,9 @@ class SwitchRouteDriver(NetlinkDatapath):
         """`port` is admin up again: the kernel deleted its routes when it went down, so
         every route of the last rendering through it goes back now, one batch (an add is a
         replace: routes still there are left as they are)."""
-        intent = self.intent
-        if intent is None:
+        if self.intent is None:
             return ApplyReport()
-        rendered = switch_objects(self._overridden(intent, self.withdrawn))
+        rendered = self._objects(self.withdrawn)
         return await self.apply([Change("add", o, None) for o in rendered
                                  if isinstance(o, Route) and o.dev == port])  # fmt: skip
 
@@ -152,11 +188,10 @@ class SwitchRouteDriver(NetlinkDatapath):
             self.withdrawn.add(port)
         else:
             self.withdrawn.discard(port)
-        intent = self.intent
-        if intent is None:  # nothing rendered yet: the first reconcile sees the override
+        if self.intent is None:  # nothing rendered yet: the first reconcile sees the override
             return ApplyReport()
-        now = switch_objects(self._overridden(intent, self.withdrawn))
-        changes = diff(now, switch_objects(self._overridden(intent, before)))
+        now = self._objects(self.withdrawn)
+        changes = diff(now, self._objects(before))
         if not withdraw:
             moved = {c.obj.key for c in changes}
             changes += [Change("add", o, None) for o in now if isinstance(o, Route)
