@@ -383,3 +383,70 @@ async def test_bfd_down_withdraws_the_primaries_in_one_message_until_the_session
         dispatcher.cancel()
         await asyncio.gather(dispatcher, return_exceptions=True)
         await asyncio.to_thread(manager.close, admin_down=False)
+
+
+async def test_the_bfd_runtime_withdraws_an_armed_ports_primaries_itself(
+    triangle: Triangle, switch: SwitchRouteDriver
+) -> None:
+    """The agent arms s's link sessions with the route deletes of each port's protected
+    primaries (`SwitchRouteDriver.armed`). When b goes silent, the BFD runtime sends them
+    itself, on its own thread, before the event reaches the agent (whose own withdraw
+    here does nothing): the kernel has left them to their backups, and the agent is told
+    what was done, and how long after detection."""
+    loop = asyncio.get_running_loop()
+    events = EventQueue(loop)
+    manager = BfdManager(events.put, name=f"armed-{uuid.uuid4().hex[:6]}")
+    manager.start()
+    done: list[tuple[str, int, float, tuple[str, ...]]] = []
+    sessions = BfdSessions(
+        "s", triangle.s, manager, Discriminators(), mode="links", interval_ms=10, multiplier=3,
+        report=lambda _: None, colour_of=lambda _: None, flip=lambda *_: None,
+        withdraw=lambda *_: None, restore=lambda *_: None,
+        withdrawn=lambda port, _reason, routes, ms, errors: done.append(
+            (port, routes, ms, errors)),
+    )  # fmt: skip
+
+    async def dispatch() -> None:
+        async for event in events:
+            sessions.event(event)
+
+    dispatcher = asyncio.create_task(dispatch())
+    try:
+        await sessions.update(switch_intent(document()))
+        armed = switch.armed()
+        assert set(armed) == {"a1"} and len(armed["a1"]) == 2  # the unprotected one stays
+        await sessions.arm(armed)
+        far = {"b1": (1001, triangle.b), "c1": (1002, triangle.c)}
+        for (disc, ns), (peer, local, dev) in zip(far.values(), ((
+                "10.0.1.1", PRIMARY, "b1"), ("10.0.2.1", BACKUP, "c1")), strict=True):  # fmt: skip
+            await asyncio.to_thread(manager.add, config(disc, peer, local), ifname=dev, netns=ns)
+        for _ in range(2000):
+            if set(sessions.states.values()) == {State.UP} and len(sessions.states) == 2:
+                break
+            await asyncio.sleep(0.005)
+        await asyncio.to_thread(manager.remove, far["b1"][0], admin_down=False)
+        for _ in range(2000):
+            if done:
+                break
+            await asyncio.sleep(0.005)
+        [(port, routes, ms, errors)] = done
+        assert (port, routes, errors) == ("a1", 2, ())
+        assert 0 <= ms < 1000
+        withdrawn = {(dst, "a2", 20) for dst in PROTECTED} | {(UNPROTECTED, "a1", 10)}
+        assert triangle.table() == withdrawn
+        # The agent's record of it: the port is withdrawn (a reconcile keeps the primaries
+        # out), the kernel already had them gone (no error), and the failover names them.
+        repair, failovers = LocalRepair("s"), []
+        repair.attach(switch)
+        repair.on_failover = failovers.append
+        repair.withdrawn_by_runtime(port, "bfd down", routes, ms, errors)
+        await repair.idle()
+        assert repair.last is not None and repair.last.by_runtime
+        assert (repair.last.routes, repair.last.errors) == (2, [])
+        assert [f.peers for f in failovers] == [[f"{dst}/32" for dst in PROTECTED]]
+        assert (await reconcile(switch, switch_intent(document(revision=2)))).applied == []
+        assert triangle.table() == withdrawn
+    finally:
+        dispatcher.cancel()
+        await asyncio.gather(dispatcher, return_exceptions=True)
+        await asyncio.to_thread(manager.close, admin_down=False)

@@ -6,6 +6,7 @@ tests/fabric/test_bfd_*.py and the end-to-end detection tests); these tests pin 
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
@@ -73,6 +74,8 @@ class FakeManager:
         self.sessions: dict[int, SessionConfig] = {}
         self.removed: list[int] = []
         self.refuse = refuse or set()
+        self.armed: dict[int, tuple[bytes, ...]] = {}
+        self.arms = 0
 
     def add(self, config: SessionConfig, *, ifname: str | None = None,
             netns: str | None = None) -> None:  # fmt: skip
@@ -83,6 +86,13 @@ class FakeManager:
     def remove(self, disc: int, *, admin_down: bool = True) -> None:
         self.removed.append(disc)
         del self.sessions[disc]
+        self.armed.pop(disc, None)
+
+    def arm(self, disc: int, messages: Any) -> None:
+        if disc not in self.sessions:
+            raise KeyError(disc)
+        self.armed[disc] = tuple(messages)
+        self.arms += 1
 
 
 class Node:
@@ -285,6 +295,8 @@ class Repairs:
             flip=lambda *_: None,
             withdraw=lambda port, why: self.calls.append(("withdraw", port)),
             restore=lambda port, why: self.calls.append(("restore", port)),
+            withdrawn=lambda port, why, routes, ms, errors: self.calls.append(
+                ("withdrawn by the runtime", port)),
         )  # fmt: skip
 
 
@@ -355,3 +367,37 @@ def test_a_host_watches_a_bounded_stable_spread_subset_of_its_peers() -> None:
     assert peers_to_watch("host1", peers, 4) == picked  # stable across calls
     assert peers_to_watch("host2", peers | {"host1"}, 4) != picked  # each host its own subset
     assert set(peers_to_watch("host1", peers, None)) == peers  # no bound: the full mesh
+
+
+async def test_each_link_session_is_armed_with_its_ports_batch_and_rearmed_only_on_change() -> None:
+    manager, repairs = FakeManager(), Repairs()
+    s = repairs.sessions(manager)
+    await s.update(switch_routes())
+    await s.arm({"swp1": (b"delete a", b"delete b")})
+    assert manager.armed == {link_of(s, "swp1"): (b"delete a", b"delete b")}
+    await s.arm({"swp1": (b"delete a", b"delete b")})
+    await s.update(switch_routes())
+    assert manager.arms == 1  # nothing changed: nothing sent to the runtime
+    await s.arm({"swp2": (b"delete c",)})  # swp1's routes moved to swp2
+    assert manager.armed == {link_of(s, "swp1"): (), link_of(s, "swp2"): (b"delete c",)}
+    # A session started later is armed as it starts.
+    extra = UnderlayRoute("10.224.0.32/32", "swp4", "10.0.0.7")
+    wider = SwitchIntent("leaf1", 3, (*switch_routes().routes, extra))
+    await s.arm({"swp2": (b"delete c",), "swp4": (b"delete d",)})
+    await s.update(wider)
+    assert manager.armed[link_of(s, "swp4")] == (b"delete d",)
+
+
+async def test_a_link_session_the_runtime_already_repaired_is_recorded_not_withdrawn_again() -> (
+    None
+):
+    manager, repairs = FakeManager(), Repairs()
+    s = repairs.sessions(manager)
+    await s.update(switch_routes())
+    swp1 = link_of(s, "swp1")
+    down = dataclasses.replace(
+        event(swp1, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED),
+        withdrawn=1, withdrawn_ms=0.4,
+    )  # fmt: skip
+    s.event(down)
+    assert repairs.calls == [("withdrawn by the runtime", "swp1")]

@@ -228,9 +228,15 @@ async def _start_bfd(
             report=reporter.bfd, colour_of=agent.colour_of,
             flip=agent.flip_soon,
             withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
-            path=agent.on_path,
+            path=agent.on_path, withdrawn=repairs[agent.node].withdrawn_by_runtime,
         )  # fmt: skip
         agent.on_applied.append(sessions.update)
+
+        async def arm(_: object, sessions: BfdSessions = sessions,
+                      repair: LocalRepair = repairs[agent.node]) -> None:  # fmt: skip
+            await sessions.arm(repair.armed())  # after every apply: what its links fire
+
+        agent.on_applied.append(arm)
         agent.path_state = sessions.path_state
         nodes.append(sessions)
 

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import hashlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -117,6 +117,8 @@ class SessionRunner(Protocol):
 
     def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None: ...
 
+    def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None: ...
+
 
 class Discriminators:
     """Local discriminators unique within one manager (RFC 5880 §6.8.1: nonzero)."""
@@ -133,6 +135,9 @@ ColourOf = Callable[[str], ColourName | None]
 Flip = Callable[[str, ColourName, str], None]
 # A switch's local repair: (port, reason); see repair.LocalRepair.
 PortRepair = Callable[[str, str], None]
+# (port, reason, routes the BFD runtime deleted, its ms from detection to the kernel's answer,
+# its errors): an armed withdraw already done
+RuntimeRepair = Callable[[str, str, int, float, tuple[str, ...]], None]
 # A host's path session toward (peer host, colour) came Up (True) or went Down (False).
 PathChange = Callable[[str, ColourName, bool], None]
 
@@ -142,6 +147,12 @@ def _nothing(_port: str, _reason: str) -> None:
 
 
 def _no_path(_peer: str, _colour: ColourName, _up: bool) -> None:
+    pass
+
+
+def _no_record(
+    _port: str, _reason: str, _routes: int, _ms: float, _errors: tuple[str, ...]
+) -> None:
     pass
 
 
@@ -167,6 +178,7 @@ class BfdSessions:
         withdraw: PortRepair = _nothing,
         restore: PortRepair = _nothing,
         path: PathChange = _no_path,
+        withdrawn: RuntimeRepair = _no_record,
     ) -> None:
         self.node = node
         self.netns = netns
@@ -182,6 +194,11 @@ class BfdSessions:
         self.withdraw = withdraw
         self.restore = restore
         self.path = path
+        self.withdrawn = withdrawn
+        # Per port, the route deletes its link session fires itself on going Down (`arm`),
+        # and what each session was last armed with.
+        self._armed: dict[str, tuple[bytes, ...]] = {}
+        self._pushed: dict[int, tuple[bytes, ...]] = {}
         self.sessions: dict[WantedSession, int] = {}  # -> local discriminator
         self.states: dict[int, State] = {}
         self._by_disc: dict[int, WantedSession] = {}
@@ -205,6 +222,7 @@ class BfdSessions:
             self.sessions.clear()
             self.states.clear()
             self._by_disc.clear()
+            self._pushed.clear()
             await self._update(intent, also=kept)
 
     async def _update(
@@ -212,8 +230,30 @@ class BfdSessions:
     ) -> None:
         try:
             await self._apply_wanted(intent, also)
+            await self._push_armed()
         except RuntimeError as exc:  # the BFD child is gone (not this agent's fault)
             log.warning("bfd_unavailable", node=self.node, error=str(exc))
+
+    async def arm(self, batches: Mapping[str, tuple[bytes, ...]]) -> None:
+        """A switch's link sessions carry, per port, the route deletes that leave its
+        protected primaries to their backups (`SwitchRouteDriver.armed`): the BFD runtime
+        sends them itself on Up -> Down, and `withdrawn` then records what it did."""
+        async with self._lock:
+            self._armed = dict(batches)
+            try:
+                await self._push_armed()
+            except RuntimeError as exc:
+                log.warning("bfd_unavailable", node=self.node, error=str(exc))
+
+    async def _push_armed(self) -> None:
+        for key, disc in self.sessions.items():
+            if key.multihop or key.ifname is None:
+                continue
+            want = self._armed.get(key.ifname, ())
+            if self._pushed.get(disc, ()) != want:
+                with contextlib.suppress(KeyError):  # removed meanwhile
+                    await asyncio.to_thread(self.manager.arm, disc, want)
+                self._pushed[disc] = want
 
     async def _apply_wanted(
         self, intent: Intent | None, also: frozenset[WantedSession] = frozenset()
@@ -225,6 +265,7 @@ class BfdSessions:
             wanted |= self._kept_links(wanted) | also
         for key in set(self.sessions) - wanted:
             disc = self.sessions.pop(key)
+            self._pushed.pop(disc, None)
             with contextlib.suppress(KeyError):
                 await asyncio.to_thread(self.manager.remove, disc)
             self._by_disc.pop(disc, None)
@@ -294,7 +335,11 @@ class BfdSessions:
         elif not key.multihop and key.ifname is not None:
             if failed:
                 reason = f"bfd to {key.peer} on {key.ifname} down ({event.diag.name.lower()})"
-                self.withdraw(key.ifname, reason)
+                if event.withdrawn or event.withdraw_errors:
+                    self.withdrawn(key.ifname, reason, event.withdrawn,
+                                   event.withdrawn_ms or 0.0, event.withdraw_errors)  # fmt: skip
+                else:
+                    self.withdraw(key.ifname, reason)
             elif event.new is State.UP:
                 self.restore(key.ifname, f"bfd to {key.peer} on {key.ifname} up")
 

@@ -20,6 +20,12 @@ down (the driver defers them). `link` follows the port's admin state from the ag
 monitor: when it comes up again, its routes go back at once (`reassert`), before the
 neighbour's BFD session can come Up and send traffic this way.
 
+The withdraw itself is usually done before the agent hears of it: the BFD runtime carries
+each link session's route deletes (armed after every apply, `SwitchRouteDriver.armed`) and
+sends them the moment the session goes Down (bfd/manager.py). `withdrawn_by_runtime` then
+marks the port withdrawn and runs the same withdraw through the driver, which finds those
+routes gone (ESRCH, no error) and deletes any the armed batch missed.
+
 Each repair is a failover of tier "switch" in the history (`on_failover`): a withdraw on BFD
 Down, and a port losing carrier while primaries with backups go through it (the kernel
 moved them, in no time the agent can measure: `kernel_ms` 0). Its `peers` are the
@@ -64,6 +70,7 @@ class RepairRecord:
     sendmsgs: int
     seconds: float  # from the BFD event's arrival on the loop to the kernel's last ack
     errors: list[str] = field(default_factory=list)
+    by_runtime: bool = False  # the BFD runtime sent the deletes (seconds: from detection)
 
 
 class LocalRepair:
@@ -83,6 +90,10 @@ class LocalRepair:
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
+    def armed(self) -> dict[str, tuple[bytes, ...]]:
+        """What the BFD runtime should withdraw per port on its own (none without a driver)."""
+        return self.driver.armed() if self.driver is not None else {}
+
     def attach(self, driver: SwitchRouteDriver) -> None:
         driver.withdrawn = self.withdrawn  # one set: the driver renders with it
         self.driver = driver
@@ -96,6 +107,13 @@ class LocalRepair:
 
     def restore(self, port: str, reason: str) -> None:
         self._spawn("restore", port, reason)
+
+    def withdrawn_by_runtime(
+        self, port: str, reason: str, routes: int, ms: float, errors: tuple[str, ...]
+    ) -> None:
+        """The BFD runtime withdrew `routes` primaries through `port` itself, `ms` after
+        detection (its armed batch): record it and bring the override up to date."""
+        self._spawn("withdraw", port, reason, (routes, ms, errors))
 
     def link(self, event: LinkEvent) -> None:
         """A link monitor event (on the agent's loop): a port back to admin up gets its
@@ -141,14 +159,27 @@ class LocalRepair:
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def _spawn(self, op: Op, port: str, reason: str) -> None:
+    def _spawn(
+        self,
+        op: Op,
+        port: str,
+        reason: str,
+        runtime: tuple[int, float, tuple[str, ...]] | None = None,
+    ) -> None:
         start = time.perf_counter()
-        task = asyncio.create_task(self._run(op, port, reason, start),
+        task = asyncio.create_task(self._run(op, port, reason, start, runtime),
                                    name=f"repair-{self.node}-{op}-{port}")  # fmt: skip
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _run(self, op: Op, port: str, reason: str, start: float) -> None:
+    async def _run(
+        self,
+        op: Op,
+        port: str,
+        reason: str,
+        start: float,
+        runtime: tuple[int, float, tuple[str, ...]] | None = None,
+    ) -> None:
         async with self._lock:  # state is checked here, so a quick Down then Up ends Up
             if op != "reassert" and (port in self.withdrawn) == (op == "withdraw"):
                 return  # already so
@@ -172,17 +203,24 @@ class LocalRepair:
                 log.exception("local_repair_failed", node=self.node, op=op, port=port)
                 return
         seconds = time.perf_counter() - start
-        # ESRCH: the kernel removed that route already (the port went admin down).
+        # ESRCH: the kernel removed that route already (the port went admin down, or the
+        # BFD runtime's armed batch deleted it).
+        gone = [e.change for e in report.errors if e.errno == errno.ESRCH]
         errors = [e.message for e in report.errors if e.errno != errno.ESRCH]
         if op == "reassert" and not report.applied and not errors:
             return  # nothing routed through it
-        self.last = RepairRecord(op, port, reason, len(report.applied), report.sendmsgs,
-                                 seconds, errors)  # fmt: skip
+        routes, sendmsgs = len(report.applied), report.sendmsgs
+        if runtime is not None:  # the critical path was the runtime's, from detection
+            routes, seconds = routes + runtime[0], runtime[1] / 1000
+            sendmsgs, errors = sendmsgs + 1, [*runtime[2], *errors]
+        self.last = RepairRecord(op, port, reason, routes, sendmsgs, seconds, errors,
+                                 by_runtime=runtime is not None)  # fmt: skip
         LOCAL_REPAIRS.labels(self.node, op).inc()
-        if op == "withdraw" and report.applied:
-            moved = sorted({c.obj.prefix for c in report.applied if isinstance(c.obj, Route)})
+        changed = [*report.applied, *(gone if runtime is not None else ())]
+        if op == "withdraw" and changed:
+            moved = sorted({c.obj.prefix for c in changed if isinstance(c.obj, Route)})
             self._failover(moved, reason, seconds * 1000, time.time() - seconds)
         level = log.error if errors else log.warning if op == "withdraw" else log.info
         level("local_repair", node=self.node, op=op, port=port, reason=reason,
-              routes=len(report.applied), sendmsgs=report.sendmsgs,
-              ms=round(seconds * 1000, 3), errors=errors[:5])  # fmt: skip
+              routes=routes, sendmsgs=sendmsgs, ms=round(seconds * 1000, 3),
+              by_runtime=runtime is not None, errors=errors[:5])  # fmt: skip

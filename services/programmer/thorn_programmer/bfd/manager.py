@@ -14,12 +14,20 @@ this same manager in a child process for that case.
 
 Sessions may live in named network namespaces: their sockets are created inside the namespace
 by the manager's thread (a socket stays in the namespace it was created in).
+
+A session may be *armed* (`arm`) with prebuilt netlink messages: a switch's single-hop
+session carries the route deletes that leave its port's protected primaries to their
+backups. When the session goes from Up to Down (not on the peer's AdminDown), the manager's
+thread sends them itself, before it emits the event: the repair costs the detection time
+and one sendmsg, whatever the agent's loop is doing (tier 1 of ARCHITECTURE.md; the agent
+then records it and makes its own rendering agree, repair.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
 import heapq
 import itertools
 import os
@@ -48,6 +56,7 @@ from thorn.lab.netns import entered
 from thorn_programmer.bfd import transport
 from thorn_programmer.bfd.codec import ControlPacket, DecodeError, Diag, Refusal, State, decode
 from thorn_programmer.bfd.session import Send, Session, SessionConfig, StateChange
+from thorn_programmer.netlink import TcBatchError, TcSocket
 
 log = structlog.get_logger("thorn.bfd")
 
@@ -91,6 +100,11 @@ class BfdEvent:
     monotonic: float
     wall: datetime
     remote_state: State
+    # What the runtime withdrew itself (an armed session gone Down): kernel routes deleted,
+    # and the time from detection to the kernel's last answer.
+    withdrawn: int = 0
+    withdrawn_ms: float | None = None
+    withdraw_errors: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +162,7 @@ class _Entry:
 
     __slots__ = (
         "admin_down_left",
+        "armed",
         "due",
         "ifindex",
         "ifname",
@@ -179,6 +194,7 @@ class _Entry:
         self.sender = sender
         self.listener = listener
         self.due: float | None = None  # the heap entry that is current; others are stale
+        self.armed: tuple[bytes, ...] = ()  # netlink requests to send on Up -> Down
         self.admin_down_left = 0  # > 0: removed, still announcing AdminDown (§6.8.16)
 
     @property
@@ -220,6 +236,7 @@ class BfdManager:
         self._draining: set[_Entry] = set()
         self._listeners: dict[_ListenerKey, _Listener] = {}
         self._by_fd: dict[int, _Listener] = {}
+        self._rtnl: dict[str | None, TcSocket] = {}  # per namespace, for armed withdraws
         self._heap: list[tuple[float, int, _Entry]] = []
         self._seq = itertools.count()
         self._commands: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
@@ -254,6 +271,13 @@ class BfdManager:
         manager's own). Raises ValueError for a duplicate discriminator or address key,
         OSError if a socket cannot be made (e.g. no such interface or namespace)."""
         self._call(lambda: self._add(config, ifname, netns))
+
+    def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None:
+        """Send `messages` (prebuilt rtnetlink requests, in the session's namespace) the
+        moment the session goes from Up to Down, unless the peer said AdminDown; an empty
+        list disarms it. KeyError if no such session."""
+        armed = tuple(messages)
+        self._call(lambda: setattr(self._by_disc[local_discriminator], "armed", armed))
 
     def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None:
         """Stop a session. With `admin_down` (§6.8.16) an Up or Init session first tells the
@@ -578,8 +602,36 @@ class BfdManager:
             return
         self._sent += 1
 
+    def _withdraw(self, entry: _Entry, since: float) -> tuple[int, float, tuple[str, ...]]:
+        """Send the entry's armed requests: (accepted, ms since `since`, errors). A route
+        the kernel no longer has (ESRCH: its port went admin down) is no error."""
+        errors: list[str] = []
+        accepted = len(entry.armed)
+        try:
+            sock = self._rtnl.get(entry.netns)
+            if sock is None:
+                sock = self._rtnl[entry.netns] = TcSocket(entry.netns, rcvbuf=1 << 20,
+                                                          sndbuf=1 << 18, timeout=1.0)  # fmt: skip
+            sock.send_batch(entry.armed)
+        except TcBatchError as exc:
+            accepted -= len(exc.errors)
+            errors = [str(e) for e in exc.errors if e.errno != errno.ESRCH]
+        except OSError as exc:  # no such namespace any more, a timeout: the agent follows
+            accepted, errors = 0, [f"armed withdraw not sent: {exc}"]
+        return accepted, (time.monotonic() - since) * 1000, tuple(errors)
+
     def _emit(self, entry: _Entry, change: StateChange) -> None:
         self._changes[change.new.name.lower()] += 1
+        withdrawn: int = 0
+        withdrawn_ms: float | None = None
+        withdraw_errors: tuple[str, ...] = ()
+        if (
+            entry.armed
+            and change.old is State.UP
+            and change.new is State.DOWN
+            and entry.session.remote_state is not State.ADMIN_DOWN
+        ):
+            withdrawn, withdrawn_ms, withdraw_errors = self._withdraw(entry, change.at)
         # The wall clock of the same instant, without calling time.time() in the hot path.
         wall = time.time() - (time.monotonic() - change.at)
         event = BfdEvent(
@@ -595,6 +647,9 @@ class BfdManager:
             monotonic=change.at,
             wall=datetime.fromtimestamp(wall, UTC),
             remote_state=entry.session.remote_state,
+            withdrawn=withdrawn,
+            withdrawn_ms=withdrawn_ms,
+            withdraw_errors=withdraw_errors,
         )
         log.info(
             "bfd state change",
@@ -616,6 +671,9 @@ class BfdManager:
             entry.sender.close()
         for listener in self._listeners.values():
             listener.sock.close()
+        for rtnl in self._rtnl.values():
+            rtnl.close()
+        self._rtnl.clear()
         self._by_disc.clear()
         self._by_addr.clear()
         self._draining.clear()

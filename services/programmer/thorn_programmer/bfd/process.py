@@ -21,7 +21,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import suppress
 from multiprocessing.connection import Connection
@@ -154,6 +154,10 @@ class BfdProcess:
 
     def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None:
         self._request("remove", local_discriminator, admin_down=admin_down)
+
+    def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None:
+        """As `BfdManager.arm`: the child sends them itself, at SCHED_FIFO."""
+        self._request("arm", local_discriminator, list(messages))
 
     def sessions(self) -> list[SessionStatus]:
         result: list[SessionStatus] = self._request("sessions")

@@ -10,7 +10,7 @@ the sessions go Down for that long, as for any restart of a BFD speaker.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 
 import structlog
 from prometheus_client import Counter
@@ -55,6 +55,9 @@ class SupervisedBfd:
 
     def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None:
         self.process.remove(local_discriminator, admin_down=admin_down)
+
+    def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None:
+        self.process.arm(local_discriminator, messages)
 
     def sessions(self) -> list[SessionStatus]:
         return self.process.sessions()

@@ -39,10 +39,19 @@ from thorn_programmer.drivers.routes import (
     parse_link_name,
     parse_thorn_route,
     parse_thorn_rule,
+    route_message,
     rule_message,
 )
 from thorn_programmer.intent import Intent, SwitchIntent
-from thorn_programmer.kernel import Change, KernelObject, PortRule, Route, diff, uturn_table
+from thorn_programmer.kernel import (
+    PRIMARY_METRIC,
+    Change,
+    KernelObject,
+    PortRule,
+    Route,
+    diff,
+    uturn_table,
+)
 from thorn_programmer.netlink import TcBatchError, TcSocket
 from thorn_programmer.render import switch_objects
 
@@ -118,6 +127,22 @@ class SwitchRouteDriver(NetlinkDatapath):
         tables = {port: table for port, index in self.ifindex.items()
                   if (table := uturn_table(index)) is not None}  # fmt: skip
         return switch_objects(self._overridden(self.intent, withdrawn), tables)
+
+    def armed(self) -> dict[str, tuple[bytes, ...]]:
+        """Per port, the deletes of the primaries through it that have a backup on another
+        port, as prebuilt messages: what `withdraw_port` would send, for the BFD runtime to
+        send itself the moment the port's link session goes Down."""
+        intent = self.intent
+        if intent is None:
+            return {}
+        out: dict[str, list[bytes]] = {}
+        for r in intent.routes:
+            index = self.ifindex.get(r.dev)
+            if r.backup is None or r.backup.dev == r.dev or index is None:
+                continue
+            primary = Route(prefix=r.prefix, dev=r.dev, via=r.via, metric=PRIMARY_METRIC)
+            out.setdefault(r.dev, []).append(route_message("delete", primary, index))
+        return {port: tuple(messages) for port, messages in out.items()}
 
     def _message(self, change: Change) -> bytes | None:
         obj = change.obj
