@@ -7,13 +7,16 @@ no routes are needed, and each probe either arrives or does not.
 
 from __future__ import annotations
 
+import errno
 import socket
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from thorn.lab import build, faults
 from thorn.lab.handle import Lab, UnknownName
+from thorn.lab.rtnl import set_admin_at_once
 from thorn.lab.status import EndStatus, collect
 
 PROBES = 2000
@@ -145,3 +148,23 @@ def test_unknown_links_nodes_and_faults_are_named(lab: Lab) -> None:
         faults.node_down(lab, "core9")
     with pytest.raises(UnknownName, match="f999"):
         faults.restore(lab, "f999")
+
+
+def test_links_set_at_once_name_the_kernels_refusal(lab: Lab) -> None:
+    """One batch per namespace: a link the kernel does not have fails the call with its
+    errno, and the links the batch named before it are changed as asked."""
+    namespace = lab.namespace("spine1")
+    with lab.rtnl("spine1") as handle:
+        index = handle.links()[lab.ifname("spine1", "swp1")].index
+    try:
+        with pytest.raises(OSError) as refused:
+            set_admin_at_once({namespace: [index, 999_999]}, up=False)
+        assert refused.value.errno == errno.ENODEV
+        near, far = _ends(lab, "spine1:swp1")
+        assert (near.admin_up, far.carrier) == (False, False)
+    finally:
+        set_admin_at_once({namespace: [index]}, up=True)
+    deadline = time.monotonic() + 5
+    while _ends(lab, "spine1:swp1")[1].operstate != "UP":
+        assert time.monotonic() < deadline, "spine1:swp1's peer did not come back up"
+        time.sleep(0.01)

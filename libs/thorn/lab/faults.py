@@ -36,7 +36,7 @@ from functools import partial
 from thorn.lab import bpf, state
 from thorn.lab.handle import Lab, LinkEnds, UnknownName
 from thorn.lab.plan import EndPlan
-from thorn.lab.rtnl import LinkState, Rtnl
+from thorn.lab.rtnl import LinkState, Rtnl, set_admin_at_once
 
 __all__ = [
     "Direction",
@@ -70,16 +70,14 @@ def _device(end: EndPlan) -> state.Device:
 
 def _set_admin(devices: list[state.Device], up: bool) -> None:
     """Every device up or down, as close together in time as the kernel allows: the
-    namespaces' handles and link tables first, then the changes back to back (a whole
-    switch fails at once, not port by port tens of milliseconds apart)."""
-    with ExitStack() as stack:
-        handles: dict[str, tuple[Rtnl, dict[str, LinkState]]] = {}
-        for ns in dict.fromkeys(d.namespace for d in devices):
-            handle = stack.enter_context(Rtnl.open(ns))
-            handles[ns] = (handle, handle.links())
-        for device in devices:
-            handle, links = handles[device.namespace]
-            handle.set_admin(links[device.ifname].index, up)
+    namespaces' link tables first, then one batch per namespace, back to back (a whole
+    switch fails at once, not port by port)."""
+    indexes: dict[str | None, list[int]] = {}
+    for ns in dict.fromkeys(d.namespace for d in devices):
+        with Rtnl.open(ns) as handle:
+            links = handle.links()
+        indexes[ns] = [links[d.ifname].index for d in devices if d.namespace == ns]
+    set_admin_at_once(indexes, up)
 
 
 def _attach(devices: list[state.Device], percent: float | None) -> None:

@@ -48,7 +48,7 @@ _START_TIMEOUT_S = 30.0
 # SCHED_FIFO at a low real-time priority, so a busy agent or a lab's traffic never delays a
 # 10 ms timer (the kernel still keeps 5 % of each second for other tasks); otherwise nice -10
 # if allowed; otherwise as it is.
-RT_PRIORITY = 10
+RT_PRIORITY = 20
 
 
 def _prompt_scheduling() -> str:
