@@ -20,10 +20,10 @@ For each failure, every host streams to 3 peers at 1 kHz (one of the three RoCE-
 4791; all 24 from one process, `traffic.StreamGroup`); 0.5 s after they started, the
 failure is injected (`thorn.lab.faults`, unchanged for every system), restored 1 s later,
 and 0.6 s after that every stream is stopped together, so each flow sees the whole failure.
-Then the system settles: THORN's agents have
-applied their latest state; FRR has every BGP session Established, every BFD peer up and
-every TEP route with all its equal-cost next hops (bounded: an error otherwise); static
-forgets neighbours that failed to resolve. Per failure the result is the longest silence of
+Then the system settles: THORN's agents have applied their latest state and every BFD
+session is Up; FRR has every BGP session Established, every BFD peer up and every TEP route
+with all its equal-cost next hops (bounded: an error otherwise); static forgets neighbours
+that failed to resolve. Per failure the result is the longest silence of
 the flows it hit (the meter's longest gap between two arrivals, or, for a flow that had not
 recovered when the streams stopped, its lost run: a lower bound, counted as "not
 recovered"), and packets a flow lost in a second or later run count as loss outside the gap.

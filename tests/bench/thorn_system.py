@@ -92,8 +92,11 @@ class RunningThorn:
         return {"Authorization": f"Bearer {self.token}"}
 
     async def settle(self, within: float = 30.0, quiet_s: float = 0.3) -> bool:
-        """Every agent has applied the document the KV holds for it, and nothing was
-        written for `quiet_s`. False if that did not happen `within` seconds."""
+        """Every agent has applied the document the KV holds for it, nothing was written for
+        `quiet_s`, and every BFD session is Up again (as FRR's settle waits for its BFD
+        peers: a link restored a moment ago is not protected until its session is Up, and
+        its switch keeps the link's primaries withdrawn until then). False if that did not
+        happen `within` seconds."""
         kv = await self.bus.desired_state()
         deadline = time.monotonic() + within
         last: dict[str, int] | None = None
@@ -108,7 +111,9 @@ class RunningThorn:
                     last, quiet_since = held, time.monotonic()
                 caught_up = all(applied[n] >= r for n, r in held.items())
                 if caught_up and time.monotonic() - quiet_since >= quiet_s:
-                    return True
+                    bfd = (await client.get(f"{self.services['programmer']}/bfd")).json()
+                    if all(session["state"] == "up" for session in bfd["sessions"]):
+                        return True
                 await asyncio.sleep(0.05)
         return False
 

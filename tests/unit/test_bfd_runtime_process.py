@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from thorn.lab.traffic import SENDER_RT_PRIORITY
 from thorn_programmer.bfd import BfdEvent, BfdManager, BfdProcess, Diag, SessionConfig, State
+from thorn_programmer.bfd.process import RT_PRIORITY
 
 A, B = "127.0.0.1", "127.0.0.2"
 
@@ -123,6 +125,7 @@ def test_the_child_asks_for_prompt_scheduling(
     unprivileged it falls back to nice -10 or the default, and says which."""
     child = pair[0]
     if os.geteuid() == 0:
-        assert child.scheduling == "SCHED_FIFO 10"
+        assert child.scheduling == f"SCHED_FIFO {RT_PRIORITY}"
+        assert RT_PRIORITY > SENDER_RT_PRIORITY  # above the lab's traffic meter
     else:
         assert child.scheduling in ("nice -10", "normal")

@@ -159,4 +159,5 @@ def test_the_end_of_re_protection_is_the_traces_last_hop_and_moves_nothing() -> 
 def test_a_failure_only_re_planned_is_a_timeline_of_pathcomp_with_no_gap() -> None:
     t = timeline([record_of(reprotection(50.0), stream_seq=3)])
     assert (t.tier, t.sources, t.gap_ms_upper_bound) == ("reprotection", ["pathcomp"], None)
+    assert (t.pairs_moved, t.reprotected_nodes) == (0, 2)  # it rewrote nodes, moved no pair
     assert t.reprotected_ms == pytest.approx(48.1)

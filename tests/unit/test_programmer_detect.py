@@ -360,13 +360,29 @@ async def test_a_removed_link_session_ends_its_ports_withdrawal() -> None:
     assert repairs.calls == [("restore", "swp1")]
 
 
-def test_a_host_watches_a_bounded_stable_spread_subset_of_its_peers() -> None:
-    peers = {f"host{i}" for i in range(2, 40)}
-    picked = peers_to_watch("host1", peers, 4)
-    assert len(picked) == 4 and set(picked) <= peers
-    assert peers_to_watch("host1", peers, 4) == picked  # stable across calls
-    assert peers_to_watch("host2", peers | {"host1"}, 4) != picked  # each host its own subset
-    assert set(peers_to_watch("host1", peers, None)) == peers  # no bound: the full mesh
+def test_a_host_watches_a_bounded_stable_subset_of_its_peers_that_watch_it_back() -> None:
+    """Multihop BFD needs the session at both ends: whatever the bound, B is among the
+    hosts A watches exactly when A is among B's (the member lists are the VNI's, which
+    every member sees whole)."""
+    hosts = {f"host{i}" for i in range(1, 40)}
+    vni = {100: hosts}
+    picked = peers_to_watch("host1", vni, 4)
+    assert len(picked) == 4 and set(picked) <= hosts - {"host1"}
+    assert peers_to_watch("host1", vni, 4) == picked  # stable across calls
+    assert peers_to_watch("host2", vni, 4) != picked  # each host its own subset
+    for limit in (1, 2, 3, 4):
+        watches = {h: set(peers_to_watch(h, vni, limit)) for h in hosts}
+        assert all(a in watches[b] for a in hosts for b in watches[a]), limit
+        assert all(len(w) == 2 * ((limit + 1) // 2) for w in watches.values())
+    # Two VNIs: the union of each ring's neighbours, still both ways.
+    two = {100: hosts, 200: {"host1", "host50", "host51"}}
+    both = {h: set(peers_to_watch(h, {v: m for v, m in two.items() if h in m}, 2))
+            for h in hosts | two[200]}  # fmt: skip
+    assert {"host50", "host51"} <= both["host1"]
+    assert all(a in both[b] for a in both for b in both[a])
+    # A VNI smaller than the bound: everyone; no bound: the full mesh.
+    assert peers_to_watch("host1", {7: {"host1", "host2", "host3"}}, 8) == ["host2", "host3"]
+    assert set(peers_to_watch("host1", vni, None)) == hosts - {"host1"}
 
 
 async def test_each_link_session_is_armed_with_its_ports_batch_and_rearmed_only_on_change() -> None:

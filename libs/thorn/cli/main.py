@@ -997,7 +997,8 @@ def failovers_list(
         return
     state.out.table(
         ["ID", "STARTED", "TIER", "SOURCES", "PAIRS", "LINK", "GAP"],
-        ([f["id"], _when(f["started"]), f["tier"], f["sources"], f["pairs_moved"],
+        ([f["id"], _when(f["started"]), f["tier"], f["sources"],
+          f["pairs_moved"] if f["tier"] != "reprotection" else "-",  # it rewrote nodes
           f["link_id"], _gap(f)] for f in page["items"]),
         caption=page_caption(page, "failovers"),
         no_wrap=2,

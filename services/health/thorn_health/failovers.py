@@ -189,7 +189,8 @@ def timeline(records: Sequence[FailoverRecord]) -> Timeline:
         started_clock=hops[0].clock if hops else earliest.node,
         tier=head.tier,
         sources=sorted({r.node for r in records}),
-        pairs_moved=sum(len(r.peers) for r in records),
+        # A re-protection's "peers" are the nodes it rewrote: no pair moved by them.
+        pairs_moved=sum(len(r.peers) for r in moves),
         link_id=next((r.link_id for r in records if r.link_id is not None), None),
         reason=head.reason,
         gap_ms_upper_bound=gap,

@@ -67,16 +67,36 @@ class WantedSession:
     colour: ColourName | None = None  # multihop: the colour whose path it watches
 
 
-def peers_to_watch(node: str, peers: set[str], limit: int | None) -> list[str]:
-    """The peer hosts a host runs multihop sessions toward: all of them, or `limit` of
-    them. A full mesh does not scale (N hosts: N x (N-1) x 2 sessions; 1,024 hosts: ~2,000
-    per host), and the fabric's own link sessions (switches) plus pathcomp's urgent flips
-    cover every link anyway; the peer sessions add an end-to-end check of a few paths. The
-    pick is a hash of (node, peer), so each host watches a different, stable subset and,
-    over the fabric, every path gets watched by someone."""
-    ordered = sorted(peers, key=lambda p: (hashlib.blake2b(f"{node}>{p}".encode(),
-                                                           digest_size=8).digest(), p))  # fmt: skip
-    return ordered if limit is None else ordered[:limit]
+def peers_to_watch(node: str, members: Mapping[int, set[str]], limit: int | None) -> list[str]:
+    """The peer hosts a host runs multihop sessions toward: all of them, or about `limit`
+    of them per VNI (`members`: each of its VNIs' hosts). A full mesh does not scale (N
+    hosts: N x (N-1) x 2 sessions; 1,024 hosts: ~2,000 per host), and the fabric's own link
+    sessions (switches) plus pathcomp's urgent flips cover every link anyway; the peer
+    sessions add an end-to-end check of a few paths.
+
+    The choice must be symmetric: a multihop session comes Up only if the peer runs the
+    same session back (a packet for a session the other end does not run is dropped as
+    unknown). A per-host pick (a hash of (host, peer)) was not: on `make run`'s lab not one
+    of 64 peer sessions ever came Up. So each VNI's hosts stand on a ring in a stable
+    hash order that every member computes alike, and a host watches the `limit` hosts
+    nearest it on the ring (half each way): B is A's neighbour exactly when A is B's. Hash
+    order spreads a host's neighbours over the fabric's racks."""
+    everyone = set().union(*members.values()) - {node} if members else set()
+    if limit is None:
+        return sorted(everyone)
+    reach = (limit + 1) // 2
+    out: set[str] = set()
+    for hosts in members.values():
+        ring = sorted(hosts | {node}, key=_ring_key)
+        n, at = len(ring), ring.index(node)
+        for step in range(1, min(reach, n // 2) + 1):
+            out.update((ring[(at + step) % n], ring[(at - step) % n]))
+    out.discard(node)
+    return sorted(out)
+
+
+def _ring_key(host: str) -> tuple[bytes, str]:
+    return hashlib.blake2b(host.encode(), digest_size=8).digest(), host
 
 
 def wanted_sessions(
@@ -96,8 +116,10 @@ def wanted_sessions(
             if via is not None
         }
     if mode in ("peers", "all") and isinstance(intent, HostIntent):
-        hosts = {p.host for p in intent.peers if p.host != intent.node}
-        watched = set(peers_to_watch(intent.node, hosts, peer_limit))
+        members: dict[int, set[str]] = {w.vni: set() for w in intent.local}
+        for p in intent.peers:
+            members.setdefault(p.vni, set()).add(p.host)
+        watched = set(peers_to_watch(intent.node, members, peer_limit))
         for peer in intent.peers:
             if peer.host not in watched:
                 continue
