@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -313,8 +314,22 @@ async def running_system(
         finally:
             for name in ("programmer", "pathcomp", "health"):
                 if name in f.apps:
-                    await f.stop(name)
+                    await _stop_or_explain(f, name)
             await asyncio.to_thread(faults.restore, lab)
+
+
+STOP_S = 20.0  # a service's shutdown; past it every task's stack is printed
+
+
+async def _stop_or_explain(f: System, name: str) -> None:
+    stopping = asyncio.ensure_future(f.stop(name))
+    done, _ = await asyncio.wait({stopping}, timeout=STOP_S)
+    if not done:
+        for task in asyncio.all_tasks():
+            print(f"--- task {task.get_name()}: {task!r}")
+            task.print_stack(file=sys.stdout)
+        raise AssertionError(f"{name} did not stop within {STOP_S:.0f} s")
+    stopping.result()
 
 
 @pytest.fixture

@@ -164,6 +164,7 @@ class PathService:
         self._idle = asyncio.Event()
         self._idle.set()
         self._replanner: asyncio.Task[None] | None = None
+        self._closing = False
         self._flipped: dict[str, set[str]] = {}  # source host -> peers flipped, until re-protected
         self._last_stage: dict[str, int] = {}  # node -> KV revision of the last stage written
         self._health_loaded = False
@@ -297,8 +298,10 @@ class PathService:
     async def _replan_links(self) -> None:
         """Re-protection for link health changes: whatever arrived while the previous
         replan ran is applied as one update (a whole switch failing is one replan)."""
-        while True:
+        while not self._closing:
             await self._wake.wait()
+            if self._closing:
+                return
             # A short hold, as routers throttle SPF runs (RFC 8405): the other links of a
             # failing switch arrive within milliseconds and join this replan. The urgent
             # flips went out before; only re-protection waits.
@@ -459,6 +462,12 @@ class PathService:
         for task in list(self._background):
             task.cancel()
         if self._replanner is not None:
+            # The flag as well as the cancel: on Python 3.11 a cancel that lands as a
+            # nats-py wait_for completes (a KV write mid-replan) is swallowed, and the loop
+            # would go back to waiting for the next link event for ever (seen in the fabric
+            # lane: the service's stop hung). The flag ends it at its next turn.
+            self._closing = True
+            self._wake.set()
             self._replanner.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._replanner
