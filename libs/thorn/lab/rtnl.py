@@ -12,7 +12,7 @@ import os
 import socket
 import struct
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -250,20 +250,18 @@ def set_admin_at_once(links: Mapping[str | None, Sequence[int]], up: bool) -> No
     sockets: list[tuple[str | None, socket.socket, bytes, int]] = []
     try:
         for namespace, indexes in links.items():
-            if namespace is None:
+            if not indexes:
+                continue
+            with netns.entered(namespace) if namespace is not None else nullcontext():
                 sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-            else:
-                with netns.entered(namespace):
-                    sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
             sock.settimeout(5.0)
-            sockets.append((namespace, sock, b"", 0))
             body = b"".join(
                 _NLMSGHDR.pack(_NLMSGHDR.size + _IFINFOMSG.size, RTM_NEWLINK,
                                NLM_F_REQUEST | NLM_F_ACK, seq, 0)
                 + _IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP)
                 for seq, index in enumerate(indexes, 1)
             )  # fmt: skip
-            sockets[-1] = (namespace, sock, body, len(indexes))
+            sockets.append((namespace, sock, body, len(indexes)))
         for _, sock, body, _ in sockets:
             sock.send(body)
         for namespace, sock, _, expected in sockets:
