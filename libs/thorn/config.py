@@ -80,6 +80,12 @@ class Settings(BaseSettings):
         description="programmer: how long the preferred colour must stay safe before a "
         "revertive agent moves back to it",
     )  # fmt: skip
+    link_up_hold_ms: int = Field(
+        1000, ge=0, le=3_600_000,
+        description="health and programmer: how long a link that went down must be up again "
+        "(carrier and BFD) before it carries traffic: health returns it to service, a switch "
+        "puts back the primaries its BFD Down withdrew",
+    )  # fmt: skip
     health_degraded_loss: float = Field(
         0.01, ge=0, le=1, description="health: loss fraction above which a link is degraded"
     )

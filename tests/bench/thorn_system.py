@@ -93,10 +93,10 @@ class RunningThorn:
 
     async def settle(self, within: float = 30.0, quiet_s: float = 0.3) -> bool:
         """Every agent has applied the document the KV holds for it, nothing was written for
-        `quiet_s`, and every BFD session is Up again (as FRR's settle waits for its BFD
-        peers: a link restored a moment ago is not protected until its session is Up, and
-        its switch keeps the link's primaries withdrawn until then). False if that did not
-        happen `within` seconds."""
+        `quiet_s`, every BFD session is Up again (as FRR's settle waits for its BFD peers: a
+        link restored a moment ago is not protected until its session is Up) and no switch
+        keeps a port's primaries withdrawn (they come back once the session has been Up for
+        the up hold). False if that did not happen `within` seconds."""
         kv = await self.bus.desired_state()
         deadline = time.monotonic() + within
         last: dict[str, int] | None = None
@@ -110,6 +110,7 @@ class RunningThorn:
                 if held != last:
                     last, quiet_since = held, time.monotonic()
                 caught_up = all(applied[n] >= r for n, r in held.items())
+                caught_up = caught_up and not any(a["withdrawn"] for a in status)
                 if caught_up and time.monotonic() - quiet_since >= quiet_s:
                     bfd = (await client.get(f"{self.services['programmer']}/bfd")).json()
                     if all(session["state"] == "up" for session in bfd["sessions"]):

@@ -108,7 +108,9 @@ async def test_a_gray_failure_is_seen_by_bfd_and_the_flow_moves_off_the_link(
     three of its packets in a row are lost. Health marks the link down from a BFD session
     and host1 sends toward host3 on blue: the flow loses the fault's share of its packets
     until then and nothing after, and a flow started then loses nothing while the link is
-    still lossy (a revertive host moves back only 2 s after re-protection)."""
+    still lossy. The link's sessions come Up now and then for a few tens of ms, but never
+    for the up hold: health never says the link is up again and no switch puts its
+    primaries back (each of those Ups once sent traffic over the link for a moment)."""
     f = system
     link = _cut(f, RECEIVER)
     agent = f.agents["host1"]
@@ -126,6 +128,7 @@ async def test_a_gray_failure_is_seen_by_bfd_and_the_flow_moves_off_the_link(
     print(f"\n70 % loss: health down {down_s * 1000:.0f} ms ({source}), host1 on blue "
           f"{moved_s * 1000:.0f} ms, lost {report.lost}")  # fmt: skip
     assert source.startswith("bfd:"), source
+    assert "up" not in f.states_of(link, t0), f.timeline(t0)
     assert clean.lost == 0, (clean.lost_ranges, f.timeline(t0))
     # Left on the link, the 1.5 s under the fault would lose ~1,050 packets.
     assert report.lost <= 0.8 * 1000 * moved_s + 20, (report.lost, f.timeline(t0))

@@ -317,12 +317,13 @@ async def test_bfd_down_withdraws_the_primaries_in_one_message_until_the_session
     events = EventQueue(loop)
     manager = BfdManager(events.put, name=f"repair-{uuid.uuid4().hex[:6]}")
     manager.start()
-    repair = LocalRepair("s")
+    repair = LocalRepair("s", up_hold=0.3)
     repair.attach(switch)
     sessions = BfdSessions(
         "s", triangle.s, manager, Discriminators(), mode="links", interval_ms=10, multiplier=3,
         report=lambda _: None, colour_of=lambda _: None, flip=lambda *_: None,
         withdraw=repair.withdraw, restore=repair.restore,
+        restore_after_hold=repair.restore_after_hold,
     )  # fmt: skip
 
     async def dispatch() -> None:
@@ -367,12 +368,13 @@ async def test_bfd_down_withdraws_the_primaries_in_one_message_until_the_session
         assert again.applied == []
         assert triangle.table() == withdrawn
 
-        # b answers again: Up puts the primaries back.
+        # b answers again: Up puts the primaries back once it has stayed Up for the hold.
         disc, ns = far["b1"]
         await asyncio.to_thread(manager.add, config(disc, "10.0.1.1", PRIMARY), ifname="b1",
                                 netns=ns)  # fmt: skip
         await until(all_up)
-        await until(lambda: repair.last is not None and repair.last.op == "restore", 1)
+        assert repair.holding() == ["a1"] and triangle.table() == withdrawn
+        await until(lambda: repair.last is not None and repair.last.op == "restore", 2)
         assert repair.last is not None
         # its two primaries back, and its unprotected route re-asserted (an add that finds
         # the route in place changes nothing)

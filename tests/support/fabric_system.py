@@ -208,7 +208,8 @@ class System:
 
     async def settled(self) -> None:
         """Every agent applied its node's latest document (pathcomp wrote one for every
-        node), and every BFD session is up."""
+        node), every BFD session is up, and no switch keeps a port withdrawn (a session Up
+        again gives its port back after the up hold)."""
         await self.applied()
         programmer = self.apps["programmer"][0]
         agents = self.agents
@@ -228,6 +229,9 @@ class System:
             states = [(s.netns, s.peer, s.ifname, s.multihop, s.state.name)
                       for s in sessions if s.state.name != "UP"]  # fmt: skip
             raise AssertionError(f"{exc}: {len(sessions)}/{wanted()}: {states}") from None
+        repairs = programmer.state.repairs
+        await self.until(lambda: not any(r.withdrawn for r in repairs.values()), 30,
+                         "no switch port withdrawn")  # fmt: skip
 
     async def applied(self) -> None:
         """Every agent applied its node's latest document (pathcomp wrote one for every

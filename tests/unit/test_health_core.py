@@ -6,6 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
+import pytest
+
 from thorn.events import AgentReport, BfdReport, CarrierReport, CountersReport
 from thorn.store.health import (
     FailureClosed,
@@ -15,7 +17,7 @@ from thorn.store.health import (
     LinkStateRecord,
 )
 from thorn_health.core import HealthCore, LinkEnds, loss_fraction
-from thorn_health.linkstate import LinkState
+from thorn_health.linkstate import HealthConfig, LinkState
 
 T0 = 1_800_000_000.0  # wall-clock seconds: the core's `now`
 LINKS = {
@@ -63,7 +65,7 @@ def test_a_carrier_report_speaks_for_the_link_with_that_end() -> None:
     assert down.source == "carrier:leaf1:swp2"
 
 
-def test_a_failure_is_recorded_with_its_detection_times_and_closed_by_the_up_report() -> None:
+def test_a_failure_is_recorded_with_its_detection_times_and_closed_when_the_up_hold_ends() -> None:
     core = core_with_links()
     core.apply(report("leaf1", 0, carrier("swp1", True, T0)), T0)
     out = core.apply(report("leaf1", 1, carrier("swp1", False, T0 + 10)), T0 + 10.004)
@@ -76,9 +78,12 @@ def test_a_failure_is_recorded_with_its_detection_times_and_closed_by_the_up_rep
     assert opened.received_at == at(T0 + 10.004)
     assert opened.detection_latency_ms is not None and abs(opened.detection_latency_ms - 4) < 0.01
     out = core.apply(report("leaf1", 2, carrier("swp1", True, T0 + 20)), T0 + 20)
+    assert out.transitions == []  # up again: held for THORN_LINK_UP_HOLD_MS first
+    assert core.next_tick(T0 + 20) == pytest.approx(1.0)
+    out = core.tick(T0 + 21)
     [closed] = [r for r in out.records if isinstance(r, FailureClosed)]
     assert (closed.link_id, closed.ended_at, closed.source) == (
-        1, at(T0 + 20), "carrier:leaf1:swp1",
+        1, at(T0 + 21), "carrier:leaf1:swp1",
     )  # fmt: skip
 
 
@@ -106,7 +111,7 @@ def test_single_hop_bfd_is_a_source_of_the_link_and_multihop_only_a_session() ->
 
 
 def test_bfd_admin_down_releases_the_link_and_init_changes_nothing() -> None:
-    core = core_with_links()
+    core = core_with_links(config=HealthConfig(up_hold=0))
 
     def bfd(state: Literal["admin_down", "down", "init", "up"]) -> BfdReport:
         return BfdReport(local="a", peer="b", port="swp1", state=state, diag=0,
@@ -150,7 +155,7 @@ def test_loss_needs_enough_packets_and_a_counter_reset_only_restarts_the_baselin
 
 
 def test_a_flap_storm_is_one_open_failure_once_the_link_is_suppressed() -> None:
-    core = core_with_links()
+    core = core_with_links(config=HealthConfig(up_hold=0))
     core.apply(report("leaf1", 0, carrier("swp1", True, T0)), T0)
     records = []
     now = T0
@@ -247,7 +252,7 @@ def test_a_report_retried_after_a_lost_reply_is_applied_once() -> None:
 
 
 def test_a_restarted_core_agrees_with_its_stored_states_and_publishes_nothing_new() -> None:
-    first = core_with_links()
+    first = core_with_links(config=HealthConfig(up_hold=0))
     stored: dict[int, LinkStateRecord] = {}  # what the store keeps: each link's last record
     open_failures: dict[int, str] = {}
 
@@ -265,7 +270,7 @@ def test_a_restarted_core_agrees_with_its_stored_states_and_publishes_nothing_ne
     }  # fmt: skip
     assert stored[2].state == "up" and open_failures == {1: "down"}
 
-    second = HealthCore()
+    second = HealthCore(HealthConfig(up_hold=0))
     second.restore(stored.values(), open_failures)
     assert second.set_topology(LINKS, T0 + 60).transitions == []
     # agents' periodic snapshots after the restart: nothing changed, nothing is published

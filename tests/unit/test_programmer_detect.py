@@ -295,6 +295,7 @@ class Repairs:
             flip=lambda *_: None,
             withdraw=lambda port, why: self.calls.append(("withdraw", port)),
             restore=lambda port, why: self.calls.append(("restore", port)),
+            restore_after_hold=lambda port, why: self.calls.append(("restore after hold", port)),
             withdrawn=lambda port, why, routes, ms, errors: self.calls.append(
                 ("withdrawn by the runtime", port)),
         )  # fmt: skip
@@ -312,7 +313,7 @@ def test_a_switch_watches_the_link_of_each_backup_too() -> None:
     }
 
 
-async def test_a_link_session_going_down_withdraws_its_port_and_coming_up_restores_it() -> None:
+async def test_a_link_session_down_withdraws_its_port_and_up_restores_it_after_the_hold() -> None:
     manager, repairs = FakeManager(), Repairs()
     s = repairs.sessions(manager)
     await s.update(switch_routes())
@@ -322,7 +323,11 @@ async def test_a_link_session_going_down_withdraws_its_port_and_coming_up_restor
     s.event(event(swp1, State.DOWN, State.INIT))
     s.event(event(swp1, State.INIT, State.UP))
     # Up is passed on every time (a restore of a port that is not withdrawn does nothing).
-    assert repairs.calls == [("restore", "swp1"), ("withdraw", "swp1"), ("restore", "swp1")]
+    assert repairs.calls == [
+        ("restore after hold", "swp1"),
+        ("withdraw", "swp1"),
+        ("restore after hold", "swp1"),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -339,6 +339,52 @@ async def test_a_quick_down_then_up_ends_with_the_port_restored() -> None:
     assert repair.last is not None and (repair.last.op, repair.last.routes) == ("restore", 4)
 
 
+async def test_a_port_whose_session_is_up_again_gets_its_primaries_back_after_the_hold() -> None:
+    driver, repair = Recording(), LocalRepair("leaf1", up_hold=0.05)
+    repair.attach(driver)
+    driver.render(protected())
+    repair.withdraw("swp1", "bfd down")
+    await repair.idle()
+    repair.restore_after_hold("swp1", "bfd up")
+    repair.restore_after_hold("swp1", "bfd up")  # Up again: the hold already runs
+    await asyncio.sleep(0.03)
+    assert repair.holding() == ["swp1"] and repair.withdrawn == {"swp1"}
+    await asyncio.sleep(0.04)
+    await repair.idle()
+    assert repair.holding() == [] and repair.withdrawn == set()
+    assert [[c.op for c in changes] for changes in driver.changes] == [
+        ["delete", "delete"], ["add"] * 4]  # fmt: skip
+    assert repair.last is not None and repair.last.reason == "bfd up, held 0.05 s"
+
+
+async def test_a_session_down_again_during_the_hold_keeps_the_port_withdrawn() -> None:
+    """A gray link's session comes Up for a few tens of ms at a time: its traffic stays on
+    the backups."""
+    driver, repair = Recording(), LocalRepair("leaf1", up_hold=0.05)
+    repair.attach(driver)
+    driver.render(protected())
+    repair.withdraw("swp1", "bfd down")
+    for _ in range(3):
+        repair.restore_after_hold("swp1", "bfd up")
+        await asyncio.sleep(0.03)
+        repair.withdrawn_by_runtime("swp1", "bfd down", 2, 0.2, ())
+    await asyncio.sleep(0.08)
+    await repair.idle()
+    assert repair.holding() == [] and repair.withdrawn == {"swp1"}
+    assert [c.op for changes in driver.changes for c in changes] == ["delete", "delete"]
+
+
+async def test_a_removed_session_restores_its_port_at_once() -> None:
+    driver, repair = Recording(), LocalRepair("leaf1", up_hold=10)
+    repair.attach(driver)
+    driver.render(protected())
+    repair.withdraw("swp1", "bfd down")
+    repair.restore_after_hold("swp1", "bfd up")
+    repair.restore("swp1", "bfd session removed")
+    await repair.idle()
+    assert repair.holding() == [] and repair.withdrawn == set()
+
+
 async def test_a_withdraw_with_no_driver_yet_is_kept_for_the_first_rendering() -> None:
     repair = LocalRepair("leaf1")
     repair.withdraw("swp1", "bfd down")

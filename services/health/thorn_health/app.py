@@ -40,7 +40,8 @@ def health_config(settings: Settings) -> HealthConfig:
             "THORN_HEALTH_REUSE_AT < THORN_HEALTH_SUPPRESS_AT <= THORN_HEALTH_MAX_PENALTY "
             f"is required: {exc}"
         ) from exc
-    return HealthConfig(dampening=dampening, degraded_loss=settings.health_degraded_loss)
+    return HealthConfig(dampening=dampening, degraded_loss=settings.health_degraded_loss,
+                        up_hold=settings.link_up_hold_ms / 1000)  # fmt: skip
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:

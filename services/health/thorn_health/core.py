@@ -189,7 +189,7 @@ class HealthCore:
         for link_id, ends in links.items():
             link = self.links.get(link_id)
             if link is None:
-                link = self.links[link_id] = self._machine(link_id)
+                link = self.links[link_id] = self._machine(link_id, now)
                 self._count(link.state, +1)
             self.ends[link_id] = ends
             self._touched.add(link_id)
@@ -204,7 +204,7 @@ class HealthCore:
         out.records += self.dirty()
         return out
 
-    def _machine(self, link_id: int) -> LinkHealth:
+    def _machine(self, link_id: int, now: float) -> LinkHealth:
         record = self._restored.pop(link_id, None)
         if record is None:
             return LinkHealth(link_id, self.config)
@@ -214,7 +214,7 @@ class HealthCore:
             LinkState(record.state) if record.state else None, record.sources, record.loss,
             record.drained, record.suppressed, record.penalty, record.penalty_at,
         )  # fmt: skip
-        link = LinkHealth.restore(link_id, snapshot, self.config)
+        link = LinkHealth.restore(link_id, snapshot, now, self.config)
         self._saved[link_id] = _key(link.snapshot())
         return link
 
@@ -314,15 +314,16 @@ class HealthCore:
     # --- time -----------------------------------------------------------------------------
 
     def next_tick(self, now: float) -> float | None:
-        """Seconds until a suppressed link may be reused (None: none is suppressed)."""
-        waits = [w for link in self.links.values() if (w := link.reuse_in(now)) is not None]
+        """Seconds until a suppressed link may be reused or a held one come up (None: none
+        waits on time)."""
+        waits = [w for link in self.links.values() if (w := link.wake_in(now)) is not None]
         return min(waits) if waits else None
 
     def tick(self, now: float) -> Outcome:
         out = Outcome()
         received = _at(now)
         for link in self.links.values():
-            if link.suppressed:
+            if link.suppressed or link.state is LinkState.down:  # down: maybe held
                 self._touched.add(link.link_id)
                 self._note(out, link.tick(now), None, received)
         out.records += self.dirty()

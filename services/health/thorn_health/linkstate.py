@@ -17,6 +17,11 @@ merit that halves every `half_life` seconds; reaching `suppress_at` makes the li
 decayed below `reuse_at` (then it is up or down, as its sources say). While suppressed,
 further flaps add penalty (up to `max_penalty`) but publish nothing: a flapping link never
 causes a storm of events downstream.
+
+Up hold (Junos' BFD `holddown-interval`): a link that went `down` comes back `up` only once
+every source has said up for `up_hold` seconds without a break. A gray link (carrier up,
+most packets lost) brings its BFD session Up now and then for a few tens of milliseconds;
+without the hold each of those put traffic back on it for that long.
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ class Dampening:
 class HealthConfig:
     dampening: Dampening = field(default_factory=Dampening)
     degraded_loss: float = 0.01  # fraction of packets lost or errored
+    up_hold: float = 1.0  # seconds a link that was down must stay up before it is up again
+
+    def __post_init__(self) -> None:
+        if self.up_hold < 0:
+            raise ValueError("the up hold is 0 seconds or more")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +105,8 @@ class LinkHealth:
         self._penalty_at = 0.0
         self.suppressed = False
         self.state: LinkState | None = None
+        self._up_since: float | None = None  # every source up since (None: not all up)
+        self._up_by = ""  # the source whose up ended the last down
 
     def snapshot(self) -> LinkSnapshot:
         return LinkSnapshot(
@@ -104,9 +116,10 @@ class LinkHealth:
 
     @classmethod
     def restore(
-        cls, link_id: int, snapshot: LinkSnapshot, config: HealthConfig | None = None
+        cls, link_id: int, snapshot: LinkSnapshot, now: float, config: HealthConfig | None = None
     ) -> LinkHealth:
-        """A link's machine as it was: reports that agree with it publish nothing."""
+        """A link's machine as it was: reports that agree with it publish nothing. A link
+        that was held down (sources up, hold not over) is held from `now` again."""
         link = cls(link_id, config)
         link.state = snapshot.state
         link.sources = dict(snapshot.sources)
@@ -115,6 +128,7 @@ class LinkHealth:
         link.suppressed = snapshot.suppressed
         link.penalty = snapshot.penalty
         link._penalty_at = snapshot.penalty_at
+        link._up_since = now if link._raw_up() else None
         return link
 
     # --- inputs ------------------------------------------------------------------------------
@@ -146,8 +160,8 @@ class LinkHealth:
         return self._settle(now, "drain")
 
     def tick(self, now: float) -> list[Transition]:
-        """Time passes: a suppressed link may be reused."""
-        return self._settle(now, "dampening")
+        """Time passes: a suppressed link may be reused, a held one come up."""
+        return self._settle(now, "dampening" if self.suppressed else self._up_by or "hold")
 
     # --- the machine -------------------------------------------------------------------------
 
@@ -162,6 +176,23 @@ class LinkHealth:
 
     def _raw_up(self) -> bool:
         return all(self.sources.values())
+
+    def held(self, now: float) -> bool:
+        """Down, its sources all up again, not yet for `up_hold` seconds."""
+        left = self._hold_left(now)
+        return left is not None and left > 0
+
+    def wake_in(self, now: float) -> float | None:
+        """Seconds until time alone may change the state (a reuse, the end of a hold), when
+        the service should call `tick` again; None: nothing waits on time."""
+        waits = [w for w in (self.reuse_in(now), self._hold_left(now)) if w is not None]
+        return min(waits) if waits else None
+
+    def _hold_left(self, now: float) -> float | None:
+        """Seconds left of the hold (0: over, a tick brings the link up); None: no hold."""
+        if self.state is not LinkState.down or not self._raw_up() or self._up_since is None:
+            return None
+        return max(0.0, self._up_since + self.config.up_hold - now)
 
     def reuse_in(self, now: float) -> float | None:
         """Seconds until a suppressed link's figure of merit falls below reuse (None: not
@@ -181,18 +212,22 @@ class LinkHealth:
             self.suppressed = True
         elif self.suppressed and merit < d.reuse_at:
             self.suppressed = False  # then up or down as the sources say (RFC 2439 reuse)
-        new = self._state()
+        if not self._raw_up():
+            self._up_since = None
+        elif self._up_since is None:
+            self._up_since, self._up_by = now, source
+        new = self._state(now)
         if new == self.state:
             return []
         previous, self.state = self.state, new
         return [Transition(self.link_id, previous, new, now, source)]
 
-    def _state(self) -> LinkState:
+    def _state(self, now: float) -> LinkState:
         if self.drained:
             return LinkState.drained
         if self.suppressed:
             return LinkState.flapping
-        if not self._raw_up():
+        if not self._raw_up() or self.held(now):
             return LinkState.down
         if self.loss > self.config.degraded_loss:
             return LinkState.degraded

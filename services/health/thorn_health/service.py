@@ -304,7 +304,8 @@ class HealthService:
             self._after(outcome)
 
     async def tick(self) -> None:
-        """Reuse the suppressed links whose figure of merit decayed (the ticker calls it)."""
+        """Reuse the suppressed links whose figure of merit decayed, and bring up the held
+        ones whose hold is over (the ticker calls it)."""
         async with self._lock:
             outcome = self.core.tick(self.clock())
             await self._publish(outcome.transitions)
@@ -417,7 +418,8 @@ class HealthService:
         if outcome.transitions:
             for state, count in self.core.counts().items():
                 LINKS.labels(state).set(count)
-            self._wake.set()
+        if outcome.transitions or outcome.records:
+            self._wake.set()  # a machine changed: a reuse or the end of a hold may be due
 
     async def _writer(self) -> None:
         while not self._stopping:

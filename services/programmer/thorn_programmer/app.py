@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 from fastapi import FastAPI, Request
 from prometheus_client import Counter
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from thorn.bus import Bus
 from thorn.config import Settings
@@ -48,6 +48,12 @@ class AgentStatusOut(BaseModel):
     last_errors: list[str]
     last_seconds: float
     overrides: dict[str, str]
+    withdrawn: list[str] = Field(
+        description="a switch's ports whose primaries are withdrawn (their BFD session Down)"
+    )
+    restore_held: list[str] = Field(
+        description="... of those, the ports whose session is Up again, waiting for the up hold"
+    )
 
 
 class ConfigurationError(SystemExit):
@@ -106,7 +112,8 @@ async def supervised(
 def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     served = nodes_to_serve(settings)
     # Per node, for the life of the process: a switch's BFD withdraws outlive its agent.
-    repairs = {node: LocalRepair(node) for node, _ in served}
+    up_hold = settings.link_up_hold_ms / 1000
+    repairs = {node: LocalRepair(node, up_hold) for node, _ in served}
 
     def drivers_of(node: str) -> DriverFactory:
         def drivers(kind: str, netns: str | None) -> AbstractAsyncContextManager[NetlinkDatapath]:
@@ -151,6 +158,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 ]  # fmt: skip
             app.state.agents = agents
             app.state.reporters = reporters
+            app.state.repairs = repairs
             app.state.bfd = None
             if settings.bfd_sessions != "off":
                 app.state.bfd = await _start_bfd(
@@ -176,8 +184,11 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
 
     @app.get("/status", response_model=list[AgentStatusOut], include_in_schema=False)
     async def status(request: Request) -> list[dict[str, Any]]:
-        """Each agent in this process: driver, applied revision, last reconcile's outcome."""
-        return [asdict(a.status) for a in request.app.state.agents]
+        """Each agent in this process: driver, applied revision, last reconcile's outcome,
+        a switch's withdrawn ports."""
+        return [asdict(a.status) | {"withdrawn": sorted(repairs[a.node].withdrawn),
+                                    "restore_held": repairs[a.node].holding()}
+                for a in request.app.state.agents]  # fmt: skip
 
     @app.get("/bfd", include_in_schema=False)
     async def bfd(request: Request) -> dict[str, Any]:
@@ -228,6 +239,7 @@ async def _start_bfd(
             report=reporter.bfd, colour_of=agent.colour_of,
             flip=agent.flip_soon,
             withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
+            restore_after_hold=repairs[agent.node].restore_after_hold,
             path=agent.on_path, withdrawn=repairs[agent.node].withdrawn_by_runtime,
         )  # fmt: skip
         agent.on_applied.append(sessions.update)

@@ -6,7 +6,8 @@
   link by (node, port). The session stays when traffic moves off the link, so its recovery
   is seen too. On a switch, a link session going from Up to Down also withdraws the primaries
   through that port at once (`withdraw`: repair.LocalRepair), leaving their backups to carry
-  the traffic; Up again (or the session removed) restores them (`restore`).
+  the traffic; Up again for the up hold (`restore_after_hold`), or the session removed
+  (`restore`), restores them.
 - *peers* (RFC 5883 multihop): on a host, one session per peer host and colour, from this
   host's TEP of that colour to the peer's. A TEP's prefix is routed along its colour's tree,
   so each session watches exactly the path its colour's traffic takes. When the session of
@@ -199,6 +200,7 @@ class BfdSessions:
         flip: Flip,
         withdraw: PortRepair = _nothing,
         restore: PortRepair = _nothing,
+        restore_after_hold: PortRepair = _nothing,
         path: PathChange = _no_path,
         withdrawn: RuntimeRepair = _no_record,
     ) -> None:
@@ -215,6 +217,7 @@ class BfdSessions:
         self.flip = flip
         self.withdraw = withdraw
         self.restore = restore
+        self.restore_after_hold = restore_after_hold
         self.path = path
         self.withdrawn = withdrawn
         # Per port, the route deletes its link session fires itself on going Down (`arm`),
@@ -363,7 +366,7 @@ class BfdSessions:
                 else:
                     self.withdraw(key.ifname, reason)
             elif event.new is State.UP:
-                self.restore(key.ifname, f"bfd to {key.peer} on {key.ifname} up")
+                self.restore_after_hold(key.ifname, f"bfd to {key.peer} on {key.ifname} up")
 
     def path_state(self, peer_host: str, colour: ColourName) -> State | None:
         """The state of this host's session toward `peer_host` on `colour` (None: none)."""

@@ -10,10 +10,13 @@ batch (`SwitchRouteDriver.withdraw_port`), without waiting for health or pathcom
 The withdrawn port is a local override: every later rendering of the switch's intent leaves
 those primaries out (`SwitchIntent.withdrawn`), so a reconcile of the desired state, which
 still names them until pathcomp re-routes, does not put them back while the session is Down.
-The override ends when the session comes Up again (`restore`: the primaries go back at once,
-as they do when carrier returns) or when the session is removed (its port got another
-neighbour, or the node left the fabric). One `LocalRepair` per node lives as long as the
-process, so the override outlives a restarted agent and the driver it reopens.
+The override ends when the session has been Up again for the up hold (`restore_after_hold`,
+`THORN_LINK_UP_HOLD_MS`, Junos' BFD `holddown-interval`: a gray link's session comes Up for
+a few tens of milliseconds at a time, and each of those would otherwise put traffic back on
+it), or at once when the session is removed (`restore`: its port got another neighbour, or
+the node left the fabric). A Down during the hold cancels it. One `LocalRepair` per node
+lives as long as the process, so the override outlives a restarted agent and the driver it
+reopens.
 
 A port set admin down loses its routes in the kernel, and none can be added while it stays
 down (the driver defers them). `link` follows the port's admin state from the agent's link
@@ -78,9 +81,11 @@ class LocalRepair:
     one). `withdraw` and `restore` are BFD callbacks on the agent's loop: each runs as a
     task, one at a time, in the order they came."""
 
-    def __init__(self, node: str) -> None:
+    def __init__(self, node: str, up_hold: float = 0.0) -> None:
         self.node = node
+        self.up_hold = up_hold  # seconds a session must stay Up before its port is restored
         self.withdrawn: set[str] = set()
+        self._held: dict[str, asyncio.Task[None]] = {}  # port -> restore waiting for the hold
         self.driver: SwitchRouteDriver | None = None
         self.last: RepairRecord | None = None
         self._admin_up: dict[str, bool] = {}  # per port, as the link monitor last saw it
@@ -103,16 +108,42 @@ class LocalRepair:
             self.driver = None
 
     def withdraw(self, port: str, reason: str) -> None:
+        self._cancel_hold(port)
         self._spawn("withdraw", port, reason)
 
     def restore(self, port: str, reason: str) -> None:
+        """Put the port's primaries back now (its session is gone: nothing watches it)."""
+        self._cancel_hold(port)
         self._spawn("restore", port, reason)
+
+    def restore_after_hold(self, port: str, reason: str) -> None:
+        """The port's session came Up: put its primaries back once it has stayed Up for the
+        up hold (a withdraw before then cancels it)."""
+        if self.up_hold <= 0:
+            self.restore(port, reason)
+            return
+        # Held even when the port is not withdrawn (yet: a withdraw may still be queued);
+        # restoring a port that is not withdrawn does nothing.
+        if port in self._held:
+            return  # already waiting, since the earlier Up
+        self._held[port] = asyncio.create_task(self._after_hold(port, reason),
+                                               name=f"repair-{self.node}-hold-{port}")  # fmt: skip
+
+    async def _after_hold(self, port: str, reason: str) -> None:
+        await asyncio.sleep(self.up_hold)
+        del self._held[port]
+        self._spawn("restore", port, f"{reason}, held {self.up_hold:g} s")
+
+    def _cancel_hold(self, port: str) -> None:
+        if (task := self._held.pop(port, None)) is not None:
+            task.cancel()
 
     def withdrawn_by_runtime(
         self, port: str, reason: str, routes: int, ms: float, errors: tuple[str, ...]
     ) -> None:
         """The BFD runtime withdrew `routes` primaries through `port` itself, `ms` after
         detection (its armed batch): record it and bring the override up to date."""
+        self._cancel_hold(port)
         self._spawn("withdraw", port, reason, (routes, ms, errors))
 
     def link(self, event: LinkEvent) -> None:
@@ -154,8 +185,13 @@ class LocalRepair:
             reason=reason, tier="switch", kernel_ms=kernel_ms, trace=trace,
         ))  # fmt: skip
 
+    def holding(self) -> list[str]:
+        """The withdrawn ports whose restore waits for the up hold."""
+        return sorted(p for p in self._held if p in self.withdrawn)
+
     async def idle(self) -> None:
-        """Wait until every withdraw and restore asked for so far is done."""
+        """Wait until every withdraw and restore asked for so far is done (a restore waiting
+        for its hold is not waited for: see `holding`)."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
