@@ -94,9 +94,10 @@ class RunningThorn:
     async def settle(self, within: float = 30.0, quiet_s: float = 0.3) -> bool:
         """Every agent has applied the document the KV holds for it, nothing was written for
         `quiet_s`, every BFD session is Up again (as FRR's settle waits for its BFD peers: a
-        link restored a moment ago is not protected until its session is Up) and no switch
-        keeps a port's primaries withdrawn (they come back once the session has been Up for
-        the up hold). False if that did not happen `within` seconds."""
+        link restored a moment ago is not protected until its session is Up), no switch
+        keeps a port's primaries withdrawn and health has no link out of service (both come
+        back once the link has been up for the up hold: until then pathcomp plans without
+        it, and a failure then is a double one). False if that did not happen `within` seconds."""
         kv = await self.bus.desired_state()
         deadline = time.monotonic() + within
         last: dict[str, int] | None = None
@@ -114,7 +115,12 @@ class RunningThorn:
                 if caught_up and time.monotonic() - quiet_since >= quiet_s:
                     bfd = (await client.get(f"{self.services['programmer']}/bfd")).json()
                     if all(session["state"] == "up" for session in bfd["sessions"]):
-                        return True
+                        links = f"{self.services['health']}/api/v1/health/links"
+                        page = (await client.get(links, headers=self.headers(),
+                                                 params={"limit": "1000"})).json()  # fmt: skip
+                        out = {"down", "flapping", "drained"}  # out of service
+                        if not any(link["state"] in out for link in page["items"]):
+                            return True
                 await asyncio.sleep(0.05)
         return False
 
