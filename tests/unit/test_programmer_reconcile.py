@@ -5,6 +5,7 @@ waits behind a read; a failover that lands during the read sends the pass back t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from thorn_programmer.drivers.netlink import ApplyReport
@@ -28,6 +29,9 @@ class Kernel:
 
     def render(self, intent: SwitchIntent) -> list[KernelObject]:
         return [Route(r.prefix, r.dev, r.via, 10) for r in intent.routes]
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[object]:
+        return contextlib.nullcontext()  # as NetlinkDatapath's: no change outside reconcile
 
     async def read(self) -> list[KernelObject]:
         self.read_under_lock.append(self.lock.locked())

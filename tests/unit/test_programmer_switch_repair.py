@@ -46,6 +46,7 @@ from thorn_programmer.kernel import (
 from thorn_programmer.kernel import Route as KernelRoute
 from thorn_programmer.monitor import LinkEvent, OperState
 from thorn_programmer.netlink.constants import NlmFlag
+from thorn_programmer.reconcile import reconcile
 from thorn_programmer.render import flower_objects, switch_objects
 from thorn_programmer.repair import LocalRepair
 
@@ -383,6 +384,47 @@ async def test_a_removed_session_restores_its_port_at_once() -> None:
     repair.restore("swp1", "bfd session removed")
     await repair.idle()
     assert repair.holding() == [] and repair.withdrawn == set()
+
+
+class Paused(Recording):
+    """A switch whose kernel read waits until the test lets it go: a reconcile caught
+    between reading the kernel and applying what it planned."""
+
+    def __init__(self, installed: list[Any]) -> None:
+        super().__init__()
+        self.installed = installed
+        self.reading, self.go = asyncio.Event(), asyncio.Event()
+
+    async def read(self) -> list[Any]:
+        self.reading.set()
+        await self.go.wait()
+        return list(self.installed)
+
+
+@pytest.mark.parametrize("op", ["withdraw", "restore"])
+async def test_a_local_repair_waits_for_a_reconcile_that_has_read_the_kernel(op: str) -> None:
+    """Otherwise the reconcile applies a plan rendered before the repair: one rendered
+    before a withdraw puts the primaries back into the failed link, one rendered before a
+    restore acts on a kernel the restore changed."""
+    driver = Paused(switch_objects(protected()))
+    repair = LocalRepair("leaf1")
+    repair.attach(driver)
+    driver.render(protected())
+    if op == "restore":
+        driver.withdrawn.add("swp1")
+    reconciling = asyncio.create_task(reconcile(driver, protected()))
+    await driver.reading.wait()
+    (repair.withdraw if op == "withdraw" else repair.restore)("swp1", "bfd")
+    await asyncio.sleep(0.02)
+    assert driver.changes == []  # the repair waits for the reconcile's apply
+    driver.go.set()
+    await reconciling
+    await repair.idle()
+    ops = [c.op for changes in driver.changes for c in changes]
+    if op == "withdraw":  # the reconcile found the kernel as planned; the withdraw came after
+        assert ops == ["delete", "delete"] and repair.withdrawn == {"swp1"}
+    else:  # the reconcile took the withdrawn primaries out; the restore put them back after
+        assert ops == ["delete", "delete", *["add"] * 4] and repair.withdrawn == set()
 
 
 async def test_a_withdraw_with_no_driver_yet_is_kept_for_the_first_rendering() -> None:

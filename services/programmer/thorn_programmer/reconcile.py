@@ -67,23 +67,24 @@ async def reconcile(
     failed: set[tuple[str, tuple[object, ...]]] = set()
     guard = lock if lock is not None else contextlib.nullcontext()
     for n in range(MAX_PASSES):
-        changes = await plan_changes(driver, intent)
-        todo = [c for c in changes if (c.op, c.obj.key) not in failed]
-        async with guard:
-            if not current():
-                result.stale = True
-                break
-            report = None
-            if todo:
-                result.passes += 1
-                report = await driver.apply(todo)
-                result.applied += report.applied
-                result.errors += report.errors
-                result.deferred += report.deferred
-                failed |= {(e.change.op, e.change.obj.key)
-                           for e in report.errors + report.deferred}  # fmt: skip
-            if report is None or not report.applied or n + 1 == MAX_PASSES:
-                commit()
-                break
+        async with driver.exclusive():  # no local repair between this read and its apply
+            changes = await plan_changes(driver, intent)
+            todo = [c for c in changes if (c.op, c.obj.key) not in failed]
+            async with guard:
+                if not current():
+                    result.stale = True
+                    break
+                report = None
+                if todo:
+                    result.passes += 1
+                    report = await driver.apply(todo)
+                    result.applied += report.applied
+                    result.errors += report.errors
+                    result.deferred += report.deferred
+                    failed |= {(e.change.op, e.change.obj.key)
+                               for e in report.errors + report.deferred}  # fmt: skip
+                if report is None or not report.applied or n + 1 == MAX_PASSES:
+                    commit()
+                    break
     result.seconds = time.perf_counter() - start
     return result

@@ -15,6 +15,7 @@ refusals come back with their position and land on the right change.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import socket
 from collections.abc import AsyncIterator, Collection, Mapping, Sequence
@@ -139,6 +140,13 @@ class NetlinkDatapath:
 
     def close(self) -> None:
         """Release what a driver opened of its own (called once, by `open`)."""
+
+    def exclusive(self) -> contextlib.AbstractAsyncContextManager[object]:
+        """Held by a reconcile from its read of the kernel to its apply, and by any change a
+        driver makes outside reconcile (a switch's local repair), so neither acts on a
+        reading the other has just made stale. Nothing changes the kernel outside
+        reconcile here: a no-op."""
+        return contextlib.nullcontext()
 
     def render(self, intent: Intent) -> list[KernelObject]:
         raise NotImplementedError

@@ -23,6 +23,7 @@ acknowledges its document), and `reassert_port` puts them back the moment the po
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import errno
 import socket
@@ -72,6 +73,9 @@ class SwitchRouteDriver(NetlinkDatapath):
         self.withdrawn: set[str] = set()
         self.intent: SwitchIntent | None = None  # the last one rendered, as the agent gave it
         self._reads: TcSocket | None = None  # its own socket: sends may be in flight on `tc`
+        # A withdraw or restore and a reconcile both diff renderings against the kernel: one
+        # at a time (see `exclusive`).
+        self._exclusive = asyncio.Lock()
 
     def close(self) -> None:
         if self._reads is not None:
@@ -188,11 +192,12 @@ class SwitchRouteDriver(NetlinkDatapath):
         """`port` is admin up again: the kernel deleted its routes when it went down, so
         every route of the last rendering through it goes back now, one batch (an add is a
         replace: routes still there are left as they are)."""
-        if self.intent is None:
-            return ApplyReport()
-        rendered = self._objects(self.withdrawn)
-        return await self.apply([Change("add", o, None) for o in rendered
-                                 if isinstance(o, Route) and o.dev == port])  # fmt: skip
+        async with self._exclusive:
+            if self.intent is None:
+                return ApplyReport()
+            rendered = self._objects(self.withdrawn)
+            return await self.apply([Change("add", o, None) for o in rendered
+                                     if isinstance(o, Route) and o.dev == port])  # fmt: skip
 
     async def withdraw_port(self, port: str) -> ApplyReport:
         """The link on `port` failed (its BFD session went Down): remove the primaries through
@@ -207,7 +212,18 @@ class SwitchRouteDriver(NetlinkDatapath):
         deleted them)."""
         return await self._move(port, withdraw=False)
 
+    def exclusive(self) -> asyncio.Lock:
+        """A withdraw or restore waits for a reconcile that has read the kernel to apply
+        what it planned, and a reconcile reads only after one is done. Otherwise a plan
+        rendered before a restore (the port still withdrawn) could apply after it, or one
+        rendered before a withdraw could put the primaries back into the failed link."""
+        return self._exclusive
+
     async def _move(self, port: str, *, withdraw: bool) -> ApplyReport:
+        async with self._exclusive:
+            return await self._move_now(port, withdraw=withdraw)
+
+    async def _move_now(self, port: str, *, withdraw: bool) -> ApplyReport:
         before = frozenset(self.withdrawn)
         if withdraw:
             self.withdrawn.add(port)
