@@ -61,9 +61,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,7 @@ class Outcome:
     reprotect_ms: float | None = None  # THORN: injection to the last agent's re-protection
     replanned: bool = False  # THORN: pathcomp wrote new documents while the failure lasted
     hops: dict[str, float] = field(default_factory=dict)  # THORN: central path, per step
+    injected_at: str = ""  # UTC wall clock of the injection, to find it in the logs
 
 
 @dataclass
@@ -323,7 +324,8 @@ async def one_failure(run: Running, fabric: Fabric, kind: str, target: str,
     await run.settle()
     hit = [r for r in reports if r.lost]
     outcome = Outcome(kind, target, len(hit), max(map(silence_ms, hit), default=0.0),
-                      sum(r.lost for r in hit), 0, sum(map(unrecovered, hit)))  # fmt: skip
+                      sum(r.lost for r in hit), 0, sum(map(unrecovered, hit)),
+                      injected_at=datetime.fromtimestamp(injected, UTC).isoformat())  # fmt: skip
     for r in hit:
         if r.lost_ranges_total > 1:  # all but the longest run were lost outside the gap
             runs = sorted(b - a + 1 for a, b in r.lost_ranges)
@@ -354,12 +356,15 @@ async def running(
 
 async def measure(name: str, doc: FabricDocument, failures: list[tuple[str, str]], prefix: str,
                   outcomes: list[Outcome], notes: dict[str, Any],
-                  bfdd_realtime: bool = True) -> None:  # fmt: skip
+                  bfdd_realtime: bool = True, keep: Path | None = None) -> None:  # fmt: skip
     """`name` on a fresh lab `prefix`: a warm-up round, then every failure, into `outcomes`
     and `notes` (kept if it raises); the lab, and whatever the system started, is gone when
-    this returns or raises."""
+    this returns or raises. With `keep`, the system's data dir (THORN's logs) is left in a
+    new directory under it."""
     fabric = Fabric.from_document(doc)
-    with tempfile.TemporaryDirectory() as tmp:
+    data_dir = (nullcontext(tempfile.mkdtemp(prefix=f"{name}-", dir=keep))
+                if keep is not None else tempfile.TemporaryDirectory())  # fmt: skip
+    with data_dir as tmp:
         try:
             async with running(name, doc, prefix, Path(tmp), notes, bfdd_realtime) as run:
                 lab = run.lab
@@ -694,9 +699,17 @@ async def main() -> int:
                         help="FRR's bfdd at normal priority, as Debian starts it (default: "
                         "SCHED_FIFO, as THORN's BFD child runs)")  # fmt: skip
     parser.add_argument("--write", type=Path, help="docs/benchmarks.md")
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep each system's data dir (THORN's service logs) under DIR",
+    )
     parser.add_argument("--json", type=Path, default=Path("docs/images/bench-failover.json"))
     parser.add_argument("--png", type=Path, default=Path("docs/images/bench-failover.png"))
     args = parser.parse_args()
+    if args.keep is not None:
+        args.keep.mkdir(parents=True, exist_ok=True)
     if not 1 <= args.failures <= 1000:
         parser.error("--failures: 1..1000")
     if "frr" in args.systems and not (baselines.FRR_BIN / "bgpd").exists():
@@ -715,7 +728,7 @@ async def main() -> int:
         results[name], notes[name] = [], {}
         try:  # one lab per system; its prefix is this run's alone
             await measure(name, doc, failures, f"bf{token}{name[0]}", results[name], notes[name],
-                          not args.frr_bfdd_normal)  # fmt: skip
+                          not args.frr_bfdd_normal, args.keep)  # fmt: skip
         except (RuntimeError, baselines.NotConverged) as exc:
             errors[name] = str(exc)
             console.print(f"[red]{LABELS[name]} failed: {exc}[/]")

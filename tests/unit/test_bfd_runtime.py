@@ -134,6 +134,41 @@ def test_a_silent_peer_is_detected_within_the_detection_time(pair: Pair) -> None
     assert a.counters().state_changes["down"] == 1
 
 
+def test_an_event_consumer_that_blocks_does_not_stop_the_timers() -> None:
+    """The agent reading events may stall (a busy loop, a full pipe to it): the runtime's
+    timers keep every session up meanwhile; only the events wait, and come in order."""
+    gate = threading.Event()
+    gate.set()
+    ra, rb = Recorder(), Recorder()
+
+    def stalling(event: BfdEvent) -> None:
+        gate.wait(5.0)
+        ra(event)
+
+    a, b = BfdManager(stalling, name="unit-stall-a"), BfdManager(rb, name="unit-stall-b")
+    a.start()
+    b.start()
+    try:
+        a.add(fast(1, B, A))
+        b.add(fast(2, A, B))
+        wait_until(lambda: fast_and_up(a) and fast_and_up(b))
+        gate.clear()  # from now on a's consumer sits on the next event
+        a.add(fast(3, STRANGER, A))
+        b.add(fast(4, A, STRANGER))
+        # Session 3 changed state: its first event is stuck in a's consumer.
+        wait_until(lambda: sum(a.counters().state_changes.values()) >= 2)
+        time.sleep(0.3)  # ten detection times with a's consumer stalled
+        assert [e for e in rb.events if e.new == State.DOWN] == []
+        assert a.counters().state_changes.get("down", 0) == 0
+        gate.set()
+        ra.wait_for(lambda e: e.local_discriminator == 3 and e.new == State.UP)
+        assert [e.new for e in ra.events if e.local_discriminator == 3][-1] == State.UP
+    finally:
+        gate.set()
+        a.close(admin_down=False)
+        b.close(admin_down=False)
+
+
 def test_remove_announces_admin_down_so_the_peer_sees_no_failure(pair: Pair) -> None:
     a, ra, b, rb = pair
     a.add(fast(1, B, A))

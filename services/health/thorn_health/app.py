@@ -16,6 +16,7 @@ from thorn.leader import LeaderElection
 from thorn.service import open_store_and_bus
 from thorn.store import Store
 from thorn.telemetry import instrument
+from thorn.watchdog import LoopWatchdog
 from thorn.web import BodyLimit, install_error_handlers
 from thorn_health.api import failover_router, router
 from thorn_health.linkstate import Dampening, HealthConfig
@@ -62,6 +63,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(LoopWatchdog("health").running())
             the_store, the_bus = await open_store_and_bus(stack, settings, "health", store, bus)
             service = HealthService(
                 the_store, the_bus, config, min_packets=settings.health_min_packets,

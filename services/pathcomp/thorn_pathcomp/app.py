@@ -26,6 +26,7 @@ from thorn.leader import LeaderElection
 from thorn.service import open_store_and_bus
 from thorn.store import Store
 from thorn.telemetry import instrument
+from thorn.watchdog import LoopWatchdog
 from thorn.web import BodyLimit, install_error_handlers
 from thorn_pathcomp.api import router
 from thorn_pathcomp.service import PathService
@@ -43,6 +44,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(LoopWatchdog("pathcomp").running())
             the_store, the_bus = await open_store_and_bus(stack, settings, "pathcomp", store, bus)
             kv = await the_bus.desired_state()
             election = LeaderElection(

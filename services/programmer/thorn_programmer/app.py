@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.telemetry import instrument
+from thorn.watchdog import LoopWatchdog
 from thorn_programmer.agent import AgentStatus, DriverFactory, NodeAgent
 from thorn_programmer.bfd import EventQueue
 from thorn_programmer.bfd.manager import SessionStatus
@@ -124,6 +125,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(LoopWatchdog("programmer").running())
             the_bus = bus
             if the_bus is None:
                 the_bus = await Bus.connect(settings.nats_url, name="thorn-programmer")

@@ -352,14 +352,18 @@ class BfdSessions:
             )
         )
         failed = event.old is State.UP and event.new is State.DOWN and not withdrawn
+        # A Down the runtime found long after it was due: this process stalled (no packet
+        # sent or read meanwhile), which the repair's log must say.
+        late = f", runtime {event.timer_late_ms:.0f} ms late" if event.timer_late_ms >= 5 else ""
         if key.multihop and key.peer_host is not None and key.colour is not None:
             if failed:
-                self._fail_over(key, event.diag)
+                self._fail_over(key, event.diag, late)
             if event.new is State.UP or failed:  # a revert waits for the path to work
                 self.path(key.peer_host, key.colour, event.new is State.UP)
         elif not key.multihop and key.ifname is not None:
             if failed:
-                reason = f"bfd to {key.peer} on {key.ifname} down ({event.diag.name.lower()})"
+                diag = event.diag.name.lower()
+                reason = f"bfd to {key.peer} on {key.ifname} down ({diag}{late})"
                 if event.withdrawn or event.withdraw_errors:
                     self.withdrawn(key.ifname, reason, event.withdrawn,
                                    event.withdrawn_ms or 0.0, event.withdraw_errors)  # fmt: skip
@@ -375,7 +379,7 @@ class BfdSessions:
                 return self.states.get(disc)
         return None
 
-    def _fail_over(self, key: WantedSession, diag: Diag) -> None:
+    def _fail_over(self, key: WantedSession, diag: Diag, late: str = "") -> None:
         assert key.peer_host is not None and key.colour is not None
         if self.colour_of(key.peer_host) != key.colour:
             return  # the peer does not use this colour now: nothing to move
@@ -385,8 +389,9 @@ class BfdSessions:
             None,
         )
         if other_key is not None and self.states.get(self.sessions[other_key]) is not State.UP:
-            log.warning("bfd_no_failover_both_colours_down", node=self.node, peer=key.peer_host)
+            log.warning("bfd_no_failover_both_colours_down", node=self.node, peer=key.peer_host,
+                        late=late.removeprefix(", "))  # fmt: skip
             return
         BFD_FLIPS.labels(self.node).inc()
-        reason = f"bfd {key.colour} to {key.peer_host} down ({diag.name.lower()})"
+        reason = f"bfd {key.colour} to {key.peer_host} down ({diag.name.lower()}{late})"
         self.flip(key.peer_host, other, reason)

@@ -15,6 +15,7 @@ from thorn.model import TokenRole
 from thorn.service import open_store_and_bus
 from thorn.store import Store
 from thorn.telemetry import instrument
+from thorn.watchdog import LoopWatchdog
 from thorn.web import BodyLimit, install_error_handlers
 from thorn_topology.api import router
 from thorn_topology.service import TopologyService
@@ -44,6 +45,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
+            await stack.enter_async_context(LoopWatchdog("topology").running())
             the_store, the_bus = await open_store_and_bus(stack, settings, "topology", store, bus)
             generated = await bootstrap_admin(the_store, settings)
             if generated is not None:

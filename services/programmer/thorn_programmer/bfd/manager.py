@@ -17,10 +17,16 @@ by the manager's thread (a socket stays in the namespace it was created in).
 
 A session may be *armed* (`arm`) with prebuilt netlink messages: a switch's single-hop
 session carries the route deletes that leave its port's protected primaries to their
-backups. When the session goes from Up to Down (not on the peer's AdminDown), the manager's
-thread sends them itself, before it emits the event: the repair costs the detection time
-and one sendmsg, whatever the agent's loop is doing (tier 1 of ARCHITECTURE.md; the agent
-then records it and makes its own rendering agree, repair.py).
+backups. When the session goes from Up to Down (not on the peer's AdminDown), the runtime
+sends them itself, before it emits the event: the repair costs the detection time and one
+sendmsg, whatever the agent's loop is doing (tier 1 of ARCHITECTURE.md; the agent then
+records it and makes its own rendering agree, repair.py).
+
+Whatever may block runs on a second thread, `_Effects`, never on the timers' thread: the
+armed withdraws (a route delete waits for the RTNL lock, which a link going down elsewhere
+holds through RCU grace periods: 10-40 ms measured under the bench's load) and the events
+(`on_event` may write to a pipe its reader has not drained). A timers' thread blocked for a
+detection time fails every session it runs at once.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from thorn.lab.netns import entered
+from thorn.watchdog import StallWatchdog
 from thorn_programmer.bfd import transport
 from thorn_programmer.bfd.codec import ControlPacket, DecodeError, Diag, Refusal, State, decode
 from thorn_programmer.bfd.session import Send, Session, SessionConfig, StateChange
@@ -76,6 +83,9 @@ DROP_REASONS = (
 )
 
 _RECEIVE_BURST = 64  # datagrams per listener per wakeup: timers are never starved by a flood
+# A timer run this late counts as late (Counters.late_timers): at 10 ms x 3 a stall of the
+# runtime itself of about a detection time fails every session it holds at once.
+LATE_TIMER_S = 0.005
 _MAX_WAIT_S = 1.0  # the loop re-checks at least this often even with nothing scheduled
 _FD_SETSIZE = 1024  # select() cannot watch descriptors above this; poll() (1 ms) then
 _COMMAND_TIMEOUT_S = 10.0
@@ -105,6 +115,9 @@ class BfdEvent:
     withdrawn: int = 0
     withdrawn_ms: float | None = None
     withdraw_errors: tuple[str, ...] = ()
+    # How late the runtime ran the timer behind this change (a detection time expiry): a
+    # Down found long after it was due says this process stalled, not only the path.
+    timer_late_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +151,8 @@ class Counters:
     receive_errors: int
     dropped: Mapping[str, int]
     state_changes: Mapping[str, int]
+    late_timers: int = 0  # timers run over LATE_TIMER_S after they were due
+    max_timer_late_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,8 +232,9 @@ class BfdManager:
     >>> manager.add(SessionConfig(1, "10.0.0.1", "10.0.0.0", 10_000, 10_000), ifname="eth1")
     >>> manager.close()
 
-    `on_event` is called on the manager's thread: it must be quick and must not block (hand
-    the event to a loop, see `EventQueue`). Every public method is thread-safe.
+    `on_event` is called on the runtime's effects thread, in order: it may block without
+    delaying any timer, but the events behind it wait (hand them to a loop, see
+    `EventQueue`). Every public method is thread-safe.
     """
 
     def __init__(
@@ -227,8 +243,10 @@ class BfdManager:
         *,
         name: str = "bfd",
         rng: random.Random | None = None,
+        watchdog: StallWatchdog | None = None,
     ) -> None:
         self.name = name
+        self._watchdog = watchdog  # told before each wait when the loop runs again
         self._on_event = on_event
         self._rng = rng if rng is not None else random.Random()
         self._by_disc: dict[int, _Entry] = {}
@@ -236,7 +254,7 @@ class BfdManager:
         self._draining: set[_Entry] = set()
         self._listeners: dict[_ListenerKey, _Listener] = {}
         self._by_fd: dict[int, _Listener] = {}
-        self._rtnl: dict[str | None, TcSocket] = {}  # per namespace, for armed withdraws
+        self._effects = _Effects(on_event, name)
         self._heap: list[tuple[float, int, _Entry]] = []
         self._seq = itertools.count()
         self._commands: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
@@ -249,6 +267,9 @@ class BfdManager:
         self._sent = 0
         self._send_errors = 0
         self._receive_errors = 0
+        self._late_timers = 0
+        self._max_late = 0.0
+        self._late = 0.0  # how late the timer being run now is
         self._dropped: Tally[str] = Tally()
         self._changes: Tally[str] = Tally()
         _COLLECTOR.managers.add(self)
@@ -261,6 +282,7 @@ class BfdManager:
         if self._thread is not None:
             raise RuntimeError("BfdManager already started")
         self._thread = threading.Thread(target=self._run, name=f"bfd-{self.name}", daemon=True)
+        self._effects.start()
         self._thread.start()
 
     def add(
@@ -296,6 +318,8 @@ class BfdManager:
             receive_errors=self._receive_errors,
             dropped=dict(self._dropped),
             state_changes=dict(self._changes),
+            late_timers=self._late_timers,
+            max_timer_late_ms=round(self._max_late * 1000, 3),
         )
 
     def close(self, *, admin_down: bool = True, timeout: float = 2.0) -> None:
@@ -314,7 +338,7 @@ class BfdManager:
             self._stop_by = time.monotonic() + timeout
 
         self._call(begin)
-        if threading.current_thread() is not thread:  # else: called from an event callback
+        if not self._effects.is_current():  # else: called from an event callback
             thread.join(timeout + 1.0)
 
     def __enter__(self) -> BfdManager:
@@ -456,6 +480,8 @@ class BfdManager:
     # ---------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.start()  # watching this thread
         try:
             while not (self._stopping and (not self._draining or time.monotonic() > self._stop_by)):
                 self._wait()
@@ -464,8 +490,11 @@ class BfdManager:
             log.exception("bfd runtime crashed", manager=self.name)
             raise
         finally:
+            if self._watchdog is not None:
+                self._watchdog.stop()
             self._close_sockets()
             self._fail_pending()
+            self._effects.stop()  # after the last events: they are delivered first
 
     def _wait(self) -> None:
         timeout = _MAX_WAIT_S
@@ -477,6 +506,8 @@ class BfdManager:
             timeout = min(timeout, max(0.0, due - time.monotonic()))
             break
         fds = [self._wake, *self._by_fd]
+        if self._watchdog is not None:
+            self._watchdog.expect(timeout)
         if max(fds) < _FD_SETSIZE:
             ready: Iterable[int] = select.select(fds, [], [], timeout)[0]
         else:
@@ -499,11 +530,16 @@ class BfdManager:
             if due != entry.due:
                 continue
             entry.due = None
+            self._late = now - due
+            if self._late > LATE_TIMER_S:
+                self._late_timers += 1
+                self._max_late = max(self._max_late, self._late)
             if entry.admin_down_left:
                 self._announce_admin_down(entry, now)
             else:
                 self._apply(entry, entry.session.tick(now))
                 self._schedule(entry)
+            self._late = 0.0
 
     def _announce_admin_down(self, entry: _Entry, now: float) -> None:
         packet = dataclasses.replace(
@@ -602,36 +638,16 @@ class BfdManager:
             return
         self._sent += 1
 
-    def _withdraw(self, entry: _Entry, since: float) -> tuple[int, float, tuple[str, ...]]:
-        """Send the entry's armed requests: (accepted, ms since `since`, errors). A route
-        the kernel no longer has (ESRCH: its port went admin down) is no error."""
-        errors: list[str] = []
-        accepted = len(entry.armed)
-        try:
-            sock = self._rtnl.get(entry.netns)
-            if sock is None:
-                sock = self._rtnl[entry.netns] = TcSocket(entry.netns, rcvbuf=1 << 20,
-                                                          sndbuf=1 << 18, timeout=1.0)  # fmt: skip
-            sock.send_batch(entry.armed)
-        except TcBatchError as exc:
-            accepted -= len(exc.errors)
-            errors = [str(e) for e in exc.errors if e.errno != errno.ESRCH]
-        except OSError as exc:  # no such namespace any more, a timeout: the agent follows
-            accepted, errors = 0, [f"armed withdraw not sent: {exc}"]
-        return accepted, (time.monotonic() - since) * 1000, tuple(errors)
-
     def _emit(self, entry: _Entry, change: StateChange) -> None:
         self._changes[change.new.name.lower()] += 1
-        withdrawn: int = 0
-        withdrawn_ms: float | None = None
-        withdraw_errors: tuple[str, ...] = ()
+        armed: tuple[bytes, ...] = ()
         if (
             entry.armed
             and change.old is State.UP
             and change.new is State.DOWN
             and entry.session.remote_state is not State.ADMIN_DOWN
         ):
-            withdrawn, withdrawn_ms, withdraw_errors = self._withdraw(entry, change.at)
+            armed = entry.armed
         # The wall clock of the same instant, without calling time.time() in the hot path.
         wall = time.time() - (time.monotonic() - change.at)
         event = BfdEvent(
@@ -647,33 +663,15 @@ class BfdManager:
             monotonic=change.at,
             wall=datetime.fromtimestamp(wall, UTC),
             remote_state=entry.session.remote_state,
-            withdrawn=withdrawn,
-            withdrawn_ms=withdrawn_ms,
-            withdraw_errors=withdraw_errors,
+            timer_late_ms=round(self._late * 1000, 3),
         )
-        log.info(
-            "bfd state change",
-            manager=self.name,
-            peer=entry.peer,
-            local=entry.local_address,
-            old=change.old.name,
-            new=change.new.name,
-            diag=change.diag.name,
-        )
-        if self._on_event is not None:
-            try:
-                self._on_event(event)
-            except Exception:
-                log.exception("bfd event callback failed", manager=self.name)
+        self._effects.put(entry.netns, armed, event)
 
     def _close_sockets(self) -> None:
         for entry in (*self._by_disc.values(), *self._draining):
             entry.sender.close()
         for listener in self._listeners.values():
             listener.sock.close()
-        for rtnl in self._rtnl.values():
-            rtnl.close()
-        self._rtnl.clear()
         self._by_disc.clear()
         self._by_addr.clear()
         self._draining.clear()
@@ -693,6 +691,77 @@ class BfdManager:
                 return
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError("BfdManager is closed"))
+
+
+class _Effects:
+    """The runtime's effects, in the order the sessions made them, on a thread of their own:
+    an armed session's withdraw (then its event says what the kernel did), then each event
+    to `on_event`. The timers' thread only enqueues."""
+
+    def __init__(self, on_event: Callable[[BfdEvent], None] | None, name: str) -> None:
+        self._on_event = on_event
+        self._name = name
+        self._queue: SimpleQueue[tuple[str | None, tuple[bytes, ...], BfdEvent] | None] = (
+            SimpleQueue()
+        )
+        self._rtnl: dict[str | None, TcSocket] = {}  # per namespace, for armed withdraws
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"bfd-{self._name}-effects",
+                                        daemon=True)  # fmt: skip
+        self._thread.start()
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def put(self, netns: str | None, armed: tuple[bytes, ...], event: BfdEvent) -> None:
+        self._queue.put((netns, armed, event))
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._queue.put(None)
+        if self._thread is not None and not self.is_current():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while (item := self._queue.get()) is not None:
+                netns, armed, event = item
+                if armed:
+                    accepted, ms, errors = self._withdraw(netns, armed, event.monotonic)
+                    event = dataclasses.replace(event, withdrawn=accepted, withdrawn_ms=ms,
+                                                withdraw_errors=errors)  # fmt: skip
+                log.info("bfd state change", manager=self._name, peer=event.peer,
+                         local=event.local_address, old=event.old.name, new=event.new.name,
+                         diag=event.diag.name)  # fmt: skip
+                if self._on_event is not None:
+                    try:
+                        self._on_event(event)
+                    except Exception:
+                        log.exception("bfd event callback failed", manager=self._name)
+        finally:
+            for rtnl in self._rtnl.values():
+                rtnl.close()
+            self._rtnl.clear()
+
+    def _withdraw(self, netns: str | None, armed: tuple[bytes, ...], since: float
+                  ) -> tuple[int, float, tuple[str, ...]]:  # fmt: skip
+        """Send the armed requests: (accepted, ms since `since`, errors). A route the kernel
+        no longer has (ESRCH: its port went admin down) is no error."""
+        errors: list[str] = []
+        accepted = len(armed)
+        try:
+            sock = self._rtnl.get(netns)
+            if sock is None:
+                sock = self._rtnl[netns] = TcSocket(netns, rcvbuf=1 << 20, sndbuf=1 << 18,
+                                                    timeout=1.0)  # fmt: skip
+            sock.send_batch(armed)
+        except TcBatchError as exc:
+            accepted -= len(exc.errors)
+            errors = [str(e) for e in exc.errors if e.errno != errno.ESRCH]
+        except OSError as exc:  # no such namespace any more, a timeout: the agent follows
+            accepted, errors = 0, [f"armed withdraw not sent: {exc}"]
+        return accepted, (time.monotonic() - since) * 1000, tuple(errors)
 
 
 class EventQueue:
@@ -754,6 +823,10 @@ class _BfdCollector(Collector):
             "thorn_bfd_state_changes", "BFD session state changes, by new state",
             labels=["manager", "state"],
         )  # fmt: skip
+        late = CounterMetricFamily(
+            "thorn_bfd_late_timers", "BFD timers the runtime ran over 5 ms after they were due",
+            labels=["manager"],
+        )  # fmt: skip
         sessions = GaugeMetricFamily(
             "thorn_bfd_sessions", "BFD sessions by state", labels=["manager", "state"]
         )
@@ -766,6 +839,7 @@ class _BfdCollector(Collector):
             received.add_metric([manager.name], counts.received)
             sent.add_metric([manager.name], counts.sent)
             send_errors.add_metric([manager.name], counts.send_errors)
+            late.add_metric([manager.name], counts.late_timers)
             for reason in DROP_REASONS:
                 dropped.add_metric([manager.name, reason], counts.dropped.get(reason, 0))
             for state in State:
@@ -774,7 +848,7 @@ class _BfdCollector(Collector):
             for state in State:
                 label = state.name.lower()
                 sessions.add_metric([manager.name, label], by_state.get(label, 0))
-        yield from (received, sent, send_errors, dropped, changes, sessions)
+        yield from (received, sent, send_errors, late, dropped, changes, sessions)
 
 
 _COLLECTOR = _BfdCollector()

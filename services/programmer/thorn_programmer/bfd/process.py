@@ -30,6 +30,8 @@ from typing import Any
 
 import structlog
 
+from thorn.telemetry import configure_logging
+from thorn.watchdog import StallWatchdog
 from thorn_programmer.bfd.manager import _COLLECTOR, BfdEvent, BfdManager, Counters, SessionStatus
 from thorn_programmer.bfd.session import SessionConfig
 
@@ -49,6 +51,8 @@ _START_TIMEOUT_S = 30.0
 # 10 ms timer (the kernel still keeps 5 % of each second for other tasks); otherwise nice -10
 # if allowed; otherwise as it is.
 RT_PRIORITY = 20
+STALL_THRESHOLD_S = 0.010  # a third of the lab's 10 ms x 3 detection time
+_LEVELS = ("debug", "info", "warning", "error")
 
 
 def _prompt_scheduling() -> str:
@@ -66,6 +70,10 @@ def _prompt_scheduling() -> str:
 
 def _child_main(conn: Connection, name: str) -> None:
     """The child: a manager, and this thread answering the parent's requests in order."""
+    # Its logs go where the agent's go (the inherited stderr), as the agent's settings say.
+    level, fmt = os.environ.get("THORN_LOG_LEVEL", "info"), os.environ.get("THORN_LOG_FORMAT")
+    configure_logging(level if level in _LEVELS else "info",
+                      "console" if fmt == "console" else "json")  # fmt: skip
     lock = threading.Lock()
     scheduling = _prompt_scheduling()  # before the manager's thread: threads inherit it
 
@@ -73,7 +81,10 @@ def _child_main(conn: Connection, name: str) -> None:
         with lock:  # the manager's thread (events) and this one (replies) share the pipe
             conn.send(message)
 
-    manager = BfdManager(lambda event: send(("event", event)), name=name)
+    # A runtime that misses its own timers by a detection time fails every session it holds
+    # at once: the watchdog logs what held it (`bfd_runtime_stalled`, with its stack).
+    watchdog = StallWatchdog("bfd_runtime", threshold_s=STALL_THRESHOLD_S, check_s=0.005)
+    manager = BfdManager(lambda event: send(("event", event)), name=name, watchdog=watchdog)
     manager.start()
     send(("ready", scheduling))
     try:

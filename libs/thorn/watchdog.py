@@ -1,0 +1,109 @@
+"""Watchdogs that catch a stalled loop in the act: an event loop held by a blocking call,
+or the BFD runtime's timer thread not run on time. Kept free of web imports: the BFD child
+process imports it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import structlog
+from prometheus_client import Histogram
+
+LOOP_STALLS = Histogram(
+    "thorn_loop_stall_seconds",
+    "How long a watched loop (the event loop, the BFD runtime) went past a check-in it had "
+    "promised, for each stall over its watchdog's threshold",
+    ["loop"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+log = structlog.get_logger("thorn.watchdog")
+
+
+class StallWatchdog:
+    """Finds what stalls a loop (an event loop, a timer thread): the loop says when it will
+    check in next (`expect`); a thread of the watchdog's own looks every `check_s`, and once
+    the loop is `threshold_s` past that, it logs `<name>_stalled` with the loop thread's stack
+    as it is then (the culprit, caught in the act); at the loop's next check-in it logs how
+    long the stall lasted and records it in `thorn_loop_stall_seconds`."""
+
+    def __init__(self, name: str, threshold_s: float, check_s: float) -> None:
+        self.name = name
+        self.threshold_s = threshold_s
+        self.check_s = check_s
+        now = time.monotonic()
+        self._mark = (now, now + 3600.0)  # (the last check-in, when the next one is due)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def expect(self, within_s: float) -> None:
+        """The watched loop checks in again within `within_s` (from its own thread)."""
+        now = time.monotonic()
+        self._mark = (now, now + within_s)  # one tuple: the watcher reads it whole
+
+    def start(self, watched: int | None = None) -> None:
+        """Watch thread `watched` (default: the calling thread)."""
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._watch, args=(watched or threading.get_ident(),),
+            name=f"{self.name}-watchdog", daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    def _watch(self, watched: int) -> None:
+        stalled_from: float | None = None  # when the check-in the loop missed was due
+        while not self._stop.wait(self.check_s):
+            (last, due), now = self._mark, time.monotonic()
+            if stalled_from is not None and due != stalled_from:  # it checked in again
+                late = max(0.0, last - stalled_from)
+                LOOP_STALLS.labels(self.name).observe(late)
+                log.warning(f"{self.name}_resumed", late_ms=round(late * 1000, 1))
+                stalled_from = None
+            if stalled_from is None and now - due > self.threshold_s:
+                stalled_from = due
+                frame = sys._current_frames().get(watched)
+                stack = traceback.format_stack(frame, limit=12) if frame is not None else []
+                log.warning(f"{self.name}_stalled", late_ms=round((now - due) * 1000, 1),
+                            stack="".join(stack))  # fmt: skip
+
+
+class LoopWatchdog:
+    """`StallWatchdog` for a service's event loop: a task checks in every `beat_s`; a
+    stretch over `threshold_s` without one (a blocking call on the loop, or a process the
+    machine does not run) is logged as `event_loop_stalled` with what the loop was doing.
+    asyncio's own debug mode reports slow callbacks only after they end, without their
+    stack, and slows every callback."""
+
+    def __init__(self, service: str, threshold_s: float = 0.25, beat_s: float = 0.05) -> None:
+        self.watchdog = StallWatchdog("event_loop", threshold_s, beat_s)
+        self.service = service
+        self.beat_s = beat_s
+
+    async def _beat(self) -> None:
+        while True:
+            self.watchdog.expect(self.beat_s)
+            await asyncio.sleep(self.beat_s)
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[LoopWatchdog]:
+        """Watch the running loop while the block runs."""
+        self.watchdog.expect(self.beat_s)
+        beat = asyncio.create_task(self._beat(), name=f"{self.service}-watchdog-beat")
+        self.watchdog.start()
+        try:
+            yield self
+        finally:
+            self.watchdog.stop()
+            beat.cancel()
+            await asyncio.gather(beat, return_exceptions=True)
