@@ -169,6 +169,37 @@ def test_an_event_consumer_that_blocks_does_not_stop_the_timers() -> None:
         b.close(admin_down=False)
 
 
+def test_a_stall_of_the_runtime_is_not_counted_against_a_peer_it_also_runs() -> None:
+    """Both ends in one runtime (a lab's agent serving every node): a 100 ms stall of that
+    runtime silences both, and neither declares the other down for it."""
+    events = Recorder()
+    both = BfdManager(events, name="unit-both-ends")
+    both.start()
+    try:
+        both.add(fast(1, B, A))
+        both.add(fast(2, A, B))
+        wait_until(lambda: fast_and_up(both))
+        both._call(lambda: time.sleep(0.1))  # the timers' thread held: ten detection times
+        time.sleep(0.1)
+        assert [e for e in events.events if e.new == State.DOWN] == []
+        assert both.counters().stalls_excused >= 1
+    finally:
+        both.close(admin_down=False)
+
+
+def test_a_stall_is_not_excused_to_a_peer_in_another_runtime(pair: Pair) -> None:
+    """A peer elsewhere that fell silent during the stall is found down right after it."""
+    a, ra, b, _rb = pair
+    a.add(fast(1, B, A))
+    b.add(fast(2, A, B))
+    wait_until(lambda: fast_and_up(a) and fast_and_up(b))
+    b.close(admin_down=False)
+    a._call(lambda: time.sleep(0.1))
+    down = ra.wait_for(lambda e: e.new == State.DOWN)
+    assert down.diag == Diag.CONTROL_DETECTION_TIME_EXPIRED
+    assert a.counters().stalls_excused == 0
+
+
 def test_remove_announces_admin_down_so_the_peer_sees_no_failure(pair: Pair) -> None:
     a, ra, b, rb = pair
     a.add(fast(1, B, A))

@@ -71,6 +71,9 @@ class DecodeError(ValueError):
         self.reason = reason
 
 
+_U32 = (1 << 32) - 1
+
+
 def _check_range(name: str, value: int, bits: int) -> None:
     if not 0 <= value < (1 << bits):
         raise ValueError(f"{name} {value} does not fit in {bits} bits")
@@ -98,7 +101,20 @@ class ControlPacket:
     length: int = CONTROL_PACKET_LENGTH
 
     def __post_init__(self) -> None:
-        # Refuse values the wire cannot carry rather than silently truncating them.
+        # Refuse values the wire cannot carry rather than silently truncating them. One
+        # comparison chain first: this runs for every packet sent and received.
+        if (
+            0 <= self.version < 8
+            and 0 <= self.diag < 32
+            and 0 <= self.detect_mult < 256
+            and 0 <= self.length < 256
+            and 0 <= self.my_discriminator <= _U32
+            and 0 <= self.your_discriminator <= _U32
+            and 0 <= self.desired_min_tx_us <= _U32
+            and 0 <= self.required_min_rx_us <= _U32
+            and 0 <= self.required_min_echo_rx_us <= _U32
+        ):
+            return
         _check_range("version", self.version, 3)
         _check_range("diag", self.diag, 5)
         _check_range("detect_mult", self.detect_mult, 8)

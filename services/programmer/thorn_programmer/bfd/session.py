@@ -90,6 +90,9 @@ class Session:
         self._active_tx_us = self._desired_tx_us
         self._poll = False
         self._last_rx: float | None = None
+        # The last packet built, and what it was built from: most packets repeat it.
+        self._packet_key: tuple[object, ...] = ()
+        self._packet: ControlPacket | None = None
         # Send the first packet at once: the peer learns our discriminator sooner.
         self._next_tx = now
 
@@ -157,23 +160,30 @@ class Session:
         return None if self._remote_min_rx_us == 0 else self._next_tx
 
     def packet(self, *, final: bool = False) -> ControlPacket:
-        """The control packet this session would send now (§6.8.7)."""
+        """The control packet this session would send now (§6.8.7); the same object as last
+        time while nothing it is made of changed (the runtime reuses its encoding)."""
         polling = self._poll and not final
-        return ControlPacket(
+        # A new value is announced only in Poll packets, as FRR's bfdd does: otherwise a
+        # Final or periodic packet would shrink the peer's detection time while we still
+        # transmit at the old interval (§6.8.3 timing mismatch).
+        tx_us = self._desired_tx_us if polling else self._active_tx_us
+        key = (self._state, self._diag, self._remote_discriminator, tx_us, polling, final)
+        if key == self._packet_key and self._packet is not None:
+            return self._packet
+        self._packet_key = key
+        self._packet = ControlPacket(
             state=self._state,
             diag=self._diag,
             detect_mult=self.config.detect_mult,
             my_discriminator=self.config.local_discriminator,
             your_discriminator=self._remote_discriminator,
-            # A new value is announced only in Poll packets, as FRR's bfdd does: otherwise
-            # a Final or periodic packet would shrink the peer's detection time while we
-            # still transmit at the old interval (§6.8.3 timing mismatch).
-            desired_min_tx_us=self._desired_tx_us if polling else self._active_tx_us,
+            desired_min_tx_us=tx_us,
             required_min_rx_us=self.config.required_min_rx_us,
             # §4.1: P and F are never both set; a Final answer carries F only.
             poll=polling,
             final=final,
         )
+        return self._packet
 
     def receive(self, packet: ControlPacket, now: float) -> list[Action]:
         """§6.8.6 for a packet that passed the codec checks and was demuxed to this session."""
@@ -240,6 +250,12 @@ class Session:
             self._poll = True
         else:
             self._active_tx_us = value
+
+    def excuse(self, seconds: float) -> None:
+        """Do not count `seconds` of the peer's silence: time in which the peer could not
+        have been heard (see `BfdManager`: a stall of a runtime that holds both ends)."""
+        if self._last_rx is not None:
+            self._last_rx += seconds
 
     def tick(self, now: float) -> list[Action]:
         """Run the detection timer (§6.8.4) and periodic transmission (§6.8.7) up to `now`."""
