@@ -41,7 +41,9 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # One write per line (message and newline together): the agent and its BFD child
+        # share one log file, and two writes per line let their lines interleave.
+        logger_factory=structlog.WriteLoggerFactory(sys.stderr),
         cache_logger_on_first_use=False,
     )
 
