@@ -504,15 +504,17 @@ class BfdManager:
             self._fail_pending()
             self._effects.stop()  # after the last events: they are delivered first
 
+    def _earliest_due(self) -> float | None:
+        """The earliest live deadline (stale heap entries, rescheduled or removed since,
+        are dropped on the way)."""
+        heap = self._heap
+        while heap and heap[0][0] != heap[0][2].due:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None
+
     def _wait(self) -> None:
-        timeout = _MAX_WAIT_S
-        while self._heap:
-            due, _seq, entry = self._heap[0]
-            if due != entry.due:
-                heapq.heappop(self._heap)  # stale: rescheduled or removed since
-                continue
-            timeout = min(timeout, max(0.0, due - time.monotonic()))
-            break
+        due = self._earliest_due()
+        timeout = _MAX_WAIT_S if due is None else min(_MAX_WAIT_S, max(0.0, due - time.monotonic()))
         fds = [self._wake, *self._by_fd]
         if self._watchdog is not None:
             self._watchdog.expect(timeout)
@@ -539,23 +541,22 @@ class BfdManager:
         lab puts both ends in one runtime (every node's agent in one process); there a stall
         would otherwise fail every session of the fabric at once, which separate nodes
         never do together."""
-        heap = self._heap
-        while heap and heap[0][0] != heap[0][2].due:
-            heapq.heappop(heap)  # stale
-        if not heap or now - heap[0][0] <= LATE_TIMER_S:
+        due = self._earliest_due()
+        if due is None or now - due <= LATE_TIMER_S:
             return
-        stalled = now - heap[0][0]
         for listener in list(self._by_fd.values()):
             self._receive(listener, burst=_DRAIN_BURST)
-        excused = 0
+        excused = False
         for entry in self._by_disc.values():
             session = entry.session
             other = self._by_disc.get(session.remote_discriminator)
-            ours = session.local_discriminator
-            if other is not None and other.session.remote_discriminator == ours:
-                session.excuse(stalled)
+            if (
+                other is not None
+                and other.session.remote_discriminator == session.local_discriminator
+            ):
+                session.excuse(now - due)
                 self._schedule(entry)
-                excused += 1
+                excused = True
         if excused:
             self._stalls_excused += 1
 
