@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
 
 import structlog
 import uvicorn
@@ -12,6 +14,7 @@ from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.store import Store
 from thorn.telemetry import configure_logging
+from thorn.watchdog import settle_heap
 
 
 async def open_store_and_bus(
@@ -37,6 +40,15 @@ def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
     """Serve until SIGINT/SIGTERM; uvicorn drains requests and runs the lifespan's cleanup.
     `loop="asyncio"` for a service that opens netlink sockets: uvloop refuses them."""
     host, port = settings.host_port
+    started = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def settled(app: FastAPI) -> AsyncIterator[Any]:
+        async with started(app) as state:
+            settle_heap()  # once up: no full collection walks the start-up heap again
+            yield state
+
+    app.router.lifespan_context = settled
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, loop=loop)
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from thorn.watchdog import LoopWatchdog, StallWatchdog
+from thorn.watchdog import GcPauses, LoopWatchdog, StallWatchdog, settle_heap
 
 
 def held_by_a_slow_step() -> None:
@@ -58,3 +60,36 @@ async def test_a_blocking_call_on_the_event_loop_is_caught_in_the_act() -> None:
     stalled = [e for e in logs if e["event"] == "event_loop_stalled"]
     assert len(stalled) == 1 and "held_by_a_slow_step" in stalled[0]["stack"]
     assert any(e["event"] == "event_loop_resumed" for e in logs)
+
+
+def test_a_garbage_collection_over_the_bound_is_logged_and_every_one_is_timed() -> None:
+    def collections() -> float:
+        return REGISTRY.get_sample_value("thorn_gc_pause_seconds_count", {"generation": "2"}) or 0
+
+    before = collections()
+    pauses = GcPauses(warn_s=0.0).install()  # every collection is over a bound of zero
+    try:
+        with capture_logs() as logs:
+            gc.collect()
+    finally:
+        pauses.uninstall()
+    logged = [e for e in logs if e["event"] == "gc_pause"]
+    assert [e["generation"] for e in logged] == [2] and logged[0]["ms"] >= 0
+    assert collections() == before + 1
+    gc.collect()  # uninstalled: no longer timed
+    assert collections() == before + 1
+
+
+def test_a_settled_heap_is_out_of_the_collectors_walk_and_new_objects_are_not() -> None:
+    class StartUp:
+        pass
+
+    made_at_start = StartUp()
+    try:
+        settle_heap()
+        made_later = StartUp()
+        tracked = gc.get_objects()
+        assert not any(o is made_at_start for o in tracked)
+        assert any(o is made_later for o in tracked)
+    finally:
+        gc.unfreeze()

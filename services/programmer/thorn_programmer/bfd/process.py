@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 
 from thorn.telemetry import configure_logging
-from thorn.watchdog import StallWatchdog
+from thorn.watchdog import GcPauses, StallWatchdog, settle_heap
 from thorn_programmer.bfd.manager import _COLLECTOR, BfdEvent, BfdManager, Counters, SessionStatus
 from thorn_programmer.bfd.session import SessionConfig
 
@@ -85,6 +85,8 @@ def _child_main(conn: Connection, name: str) -> None:
     # at once: the watchdog logs what held it (`bfd_runtime_stalled`, with its stack).
     watchdog = StallWatchdog("bfd_runtime", threshold_s=STALL_THRESHOLD_S, check_s=0.005)
     manager = BfdManager(lambda event: send(("event", event)), name=name, watchdog=watchdog)
+    GcPauses(warn_s=STALL_THRESHOLD_S / 2).install()
+    settle_heap()  # a full collection of the start-up heap would outlast a detection time
     manager.start()
     send(("ready", scheduling))
     try:
