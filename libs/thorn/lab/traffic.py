@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import gc
 import math
 import multiprocessing
@@ -241,14 +242,10 @@ class _ForkedSender:
 
 
 @dataclass
-class _Outcome:
-    """What the stream's process reports back to the caller's `Stream.wait()`."""
+class _Outcome(_Sent):
+    """What the stream's process reports back to the caller's `Stream.wait()`: the
+    sender's account and the receiver's."""
 
-    sent: int = 0
-    send_errors: int = 0
-    started_ns: int = 0
-    send_seconds: float = 0.0
-    realtime: bool = False
     meter: MeterResult | None = None
 
 
@@ -328,8 +325,7 @@ class _Probe:
 
 
 def _outcome(sent: _Sent, meter: Meter) -> _Outcome:
-    return _Outcome(sent.sent, sent.send_errors, sent.started_ns, sent.send_seconds,
-                    sent.realtime, meter.result(sent.sent))  # fmt: skip
+    return _Outcome(**dataclasses.asdict(sent), meter=meter.result(sent.sent))
 
 
 def _arrival(ancillary: list[tuple[int, int, bytes]]) -> int:
