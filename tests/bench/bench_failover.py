@@ -100,7 +100,7 @@ class Outcome:
     kind: str
     target: str
     hit_flows: int
-    gap_ms: float  # longest silence among the flows it hit (0: none hit); see silence_ms
+    gap_ms: float  # longest outage among the flows it hit (0: none hit); see outage_ms
     lost: int
     outside_gap: int  # packets lost in a flow's second or later run
     unrecovered: int = 0  # hit flows whose loss lasted to the end of the stream
@@ -109,6 +109,10 @@ class Outcome:
     replanned: bool = False  # THORN: pathcomp wrote new documents while the failure lasted
     hops: dict[str, float] = field(default_factory=dict)  # THORN: central path, per step
     injected_at: str = ""  # UTC wall clock of the injection, to find it in the logs
+    silence_ms: float = 0.0  # longest silence of those flows (see silence_ms)
+    # Runs lost outside the gap: (flow, ms from the injection to the run's first packet's
+    # send time on the schedule, packets), to tell a restore's loss from a re-protection's.
+    outside_runs: list[tuple[str, float, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -292,12 +296,35 @@ def restore(run: Running) -> None:
     run.restored()
 
 
+def _longest_run_ms(r: traffic.TrafficReport) -> float:
+    """The longest run of lost packets at the stream's rate (for a run no arrival ended:
+    the flow had not recovered when its stream stopped; a lower bound)."""
+    return max((b - a + 1 for a, b in r.lost_ranges), default=0) * 1000 / r.spec.rate_pps
+
+
+def outage_ms(r: traffic.TrafficReport) -> float:
+    """A flow's outage, the gap this benchmark reports: its longest loss period (from the
+    send stamp of the packet before a run of lost packets to that of the packet after it;
+    RFC 6412's packet loss period), or a run no arrival ended, as `_longest_run_ms`. What
+    the network lost, on the sender's clock: a pause of the lab's meter with nothing lost
+    is no outage (it is in `silence_ms`)."""
+    return max(r.max_loss_ms or 0.0, _longest_run_ms(r))
+
+
 def silence_ms(r: traffic.TrafficReport) -> float:
-    """A flow's longest silence: the meter's longest gap between two arrivals, or a run of
-    lost packets that no arrival ended (the flow had not recovered when its stream stopped),
-    counted as its length at the stream's rate (a lower bound)."""
-    longest_run = max((b - a + 1 for a, b in r.lost_ranges), default=0)
-    return max(r.max_gap_ms, longest_run * 1000 / r.spec.rate_pps)
+    """A flow's longest silence anywhere in its stream: the meter's longest gap between two
+    arrivals, or a run no arrival ended. It includes the meter's own pauses (the warm-up
+    round, with no failure, shows how long those are on this machine)."""
+    return max(r.max_gap_ms, _longest_run_ms(r))
+
+
+def outside_runs(r: traffic.TrafficReport, injected: float) -> list[tuple[str, float, int]]:
+    """Every lost run of `r` but its longest, placed in time from the injection."""
+    started = datetime.fromisoformat(r.started_at).timestamp()
+    runs = sorted(r.lost_ranges, key=lambda run: run[1] - run[0])[:-1]
+    flow = f"{r.spec.src}->{r.spec.dst}"
+    return sorted((flow, round((started + a / r.spec.rate_pps - injected) * 1000, 1), b - a + 1)
+                  for a, b in runs)  # fmt: skip
 
 
 def unrecovered(r: traffic.TrafficReport) -> bool:
@@ -323,13 +350,14 @@ async def one_failure(run: Running, fabric: Fabric, kind: str, target: str,
     reports = await asyncio.to_thread(group.wait)
     await run.settle()
     hit = [r for r in reports if r.lost]
-    outcome = Outcome(kind, target, len(hit), max(map(silence_ms, hit), default=0.0),
+    outcome = Outcome(kind, target, len(hit), max(map(outage_ms, hit), default=0.0),
                       sum(r.lost for r in hit), 0, sum(map(unrecovered, hit)),
+                      silence_ms=max(map(silence_ms, hit), default=0.0),
                       injected_at=datetime.fromtimestamp(injected, UTC).isoformat())  # fmt: skip
     for r in hit:
         if r.lost_ranges_total > 1:  # all but the longest run were lost outside the gap
-            runs = sorted(b - a + 1 for a, b in r.lost_ranges)
-            outcome.outside_gap += sum(runs[:-1])
+            outcome.outside_runs += outside_runs(r, injected)
+    outcome.outside_gap = sum(packets for _, _, packets in outcome.outside_runs)
     if run.explain is not None and kind != "none":
         found = await run.explain(injected, restored)
         outcome.tiers, outcome.reprotect_ms, outcome.replanned, outcome.hops = (
@@ -375,11 +403,14 @@ async def measure(name: str, doc: FabricDocument, failures: list[tuple[str, str]
                     raise RuntimeError(f"{LABELS[name]}: nothing arrived on {', '.join(dead)}")
                 notes["warm_up"] = {
                     "lost": warm.lost, "flows_with_loss": warm.hit_flows,
-                    "max_gap_ms": max(map(silence_ms, reports)),
+                    "max_outage_ms": max(map(outage_ms, reports)),
+                    "max_silence_ms": max(map(silence_ms, reports)),
                 }  # fmt: skip
                 console.print(f"{LABELS[name]}: warm-up round: {warm.lost} packets lost in "
-                              f"{warm.hit_flows} flows, longest gap of any flow "
-                              f"{notes['warm_up']['max_gap_ms']:.1f} ms")  # fmt: skip
+                              f"{warm.hit_flows} flows, longest outage "
+                              f"{notes['warm_up']['max_outage_ms']:.1f} ms, longest silence "
+                              f"of any flow {notes['warm_up']['max_silence_ms']:.1f} ms "
+                              "(the meter's own pauses)")  # fmt: skip
                 started, (busy0, total0) = time.monotonic(), _machine_jiffies()
                 with Progress(console=console) as progress:
                     task = progress.add_task(LABELS[name], total=len(failures))
@@ -426,12 +457,14 @@ def summarise(outcomes: list[Outcome]) -> dict[str, dict[str, float]]:
             continue
         # Percentiles of the failures that hit traffic (a failure no flow crossed has no gap).
         gaps = [o.gap_ms for o in of_kind if o.hit_flows] or [0.0]
+        silences = [o.silence_ms for o in of_kind if o.hit_flows] or [0.0]
         out[kind] = {
             "failures": len(of_kind),
             "hit": sum(1 for o in of_kind if o.hit_flows),
             "p50": percentile(gaps, 50), "p90": percentile(gaps, 90),
             "p99": percentile(gaps, 99), "max": max(gaps),
             "mean": statistics.fmean(gaps),
+            "silence_p99": percentile(silences, 99),
             "lost": sum(o.lost for o in outcomes if o.kind == kind),
             "outside_gap": sum(o.outside_gap for o in outcomes if o.kind == kind),
             "unrecovered": sum(o.unrecovered for o in outcomes if o.kind == kind),
@@ -519,25 +552,31 @@ def markdown(summaries: dict[str, dict[str, dict[str, float]]], notes: dict[str,
         f"{failures} random single failures (one list, from seed {seed}, for every system), "
         "each under 24 flows at 1 kHz (each host to 3 peers, one RoCE-shaped), every system "
         f"on a fresh lab of the same fabric; {seconds:.0f} s in all. The gap is the longest "
-        "silence of the flows a failure hit (a flow still silent when the streams stopped counts "
-        "its lost run, a lower bound; 'not recovered' counts such flows). Percentiles are over "
+        "outage of the flows a failure hit: a flow's longest packet loss period (RFC 6412), "
+        "from the send stamp of the packet before a run of lost packets to that of the packet "
+        "after it (a flow still losing when the streams stopped counts its lost run, a lower "
+        "bound; 'not recovered' counts such flows). 'Silence p99' is the same percentile of "
+        "the longest silence between two arrivals anywhere in those flows' streams: it adds "
+        "the lab meter's own pauses, which lose nothing (the warm-up line below says how long "
+        "they were with no failure). Percentiles are over "
         "the failures that hit a flow ('hit'): THORN's traffic runs on the red tree, the first "
         "spine's in this fabric, so a failure on the second spine's side hits none of it, "
         "while FRR's ECMP has flows on both spines.",
         "",
-        "| system | failure | n | hit | p50 ms | p90 ms | p99 ms | max ms | lost "
-        "| outside the gap | not recovered |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| system | failure | n | hit | p50 ms | p90 ms | p99 ms | max ms | silence p99 ms "
+        "| lost | outside the gap | not recovered |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name in SYSTEMS:
         if name not in summaries:
-            lines.append(f"| {LABELS[name]} | all | not run (--systems) | | | | | | | | |")
+            lines.append(f"| {LABELS[name]} | all | not run (--systems) | | | | | | | | | |")
             continue
         for kind, s in summaries[name].items():
             lines.append(
                 f"| {LABELS[name]} | {kind} | {s['failures']:.0f} | {s.get('hit', 0):.0f} | "
                 f"{s['p50']:.1f} | "
-                f"{s['p90']:.1f} | {s['p99']:.1f} | {s['max']:.1f} | {s['lost']:.0f} | "
+                f"{s['p90']:.1f} | {s['p99']:.1f} | {s['max']:.1f} | "
+                f"{s.get('silence_p99', 0):.1f} | {s['lost']:.0f} | "
                 f"{s['outside_gap']:.0f} | {s['unrecovered']:.0f} |"
             )
     for name, error in errors.items():
@@ -547,6 +586,13 @@ def markdown(summaries: dict[str, dict[str, dict[str, float]]], notes: dict[str,
     busy = [f"{LABELS[k]} {v['machine_busy_pct_during_run']:.0f} %" for k, v in notes.items()
             if "machine_busy_pct_during_run" in v]  # fmt: skip
     lines += ["", f"Machine busy while the failures ran (all its CPUs): {', '.join(busy)}."]
+    warm = [
+        f"{LABELS[k]} {v['warm_up']['max_outage_ms']:.1f} / {v['warm_up']['max_silence_ms']:.1f} ms"
+        for k, v in notes.items()
+        if "warm_up" in v
+    ]
+    lines += ["", "Warm-up round (the same streams, no failure), longest outage / longest "
+              f"silence of any flow: {', '.join(warm)}."]  # fmt: skip
     ratio = ratios(summaries)
     if ratio:
         lines += [
@@ -623,12 +669,13 @@ def markdown(summaries: dict[str, dict[str, dict[str, float]]], notes: dict[str,
 def report(summaries: dict[str, dict[str, dict[str, float]]], results: dict[str, list[Outcome]],
            notes: dict[str, dict[str, Any]], errors: dict[str, str]) -> None:  # fmt: skip
     """The console's tables, THORN's targets, FRR's warning and any system that failed."""
-    columns = ["system", "kind", "n", "hit", *PERCENTILES, "lost", "outside gap", "unrecovered"]
+    columns = ["system", "kind", "n", "hit", *PERCENTILES, "silence p99", "lost", "outside gap",
+               "unrecovered"]  # fmt: skip
     rows = [[LABELS[name], k, f"{s['failures']:.0f}", f"{s.get('hit', 0):.0f}",
-             *(_ms(s[p]) for p in PERCENTILES),
+             *(_ms(s[p]) for p in PERCENTILES), _ms(s.get("silence_p99")),
              f"{s['lost']:.0f}", f"{s['outside_gap']:.0f}", f"{s['unrecovered']:.0f}"]
             for name, summary in summaries.items() for k, s in summary.items()]  # fmt: skip
-    tables = [("Failover gaps (ms)", columns, rows)]
+    tables = [("Failover gaps: outage (loss period) and silence (ms)", columns, rows)]
     ratio = ratios(summaries)
     if ratio:
         tables.append(("THORN / FRR", ["kind", *PERCENTILES],

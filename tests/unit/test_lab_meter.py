@@ -139,3 +139,37 @@ def test_the_loss_program_compares_a_random_u32_with_the_threshold() -> None:
     call, jlt = struct.unpack_from("<BBhI", program, 0), struct.unpack_from("<BBhI", program, 8)
     assert call[0] == 0x85 and call[3] == bpf.FUNC_GET_PRANDOM_U32
     assert jlt[0] == 0xA6 and jlt[3] == bpf.threshold(30)  # jmp32 unsigned <
+
+
+def _feed_sent(meter: Meter, arrivals: list[tuple[int, int, int]]) -> None:
+    for seq, at_ms, sent_ms in arrivals:
+        meter.observe(seq, at_ms * MS, sent_ms * MS)
+
+
+def test_a_loss_period_runs_between_the_send_stamps_around_the_lost_run() -> None:
+    # 1 ms probes, each arriving 2 ms after it was sent; packets 300-329 vanish.
+    meter = Meter(1000)
+    _feed_sent(meter, [(i, i + 2, i) for i in range(1000) if not 300 <= i < 330])
+    result = meter.result()
+    assert result.max_loss_ns == 31 * MS  # sent 299 at 299 ms, 330 at 330 ms
+    assert result.max_loss_start_ns == 299 * MS
+    assert result.max_loss_range == (300, 329)
+
+
+def test_a_pause_with_nothing_lost_is_a_gap_but_no_loss_period() -> None:
+    # The sender (or the receiver) stalls 15 ms; every packet still arrives.
+    meter = Meter(100)
+    _feed_sent(meter, [(i, i + (15 if i >= 50 else 0), i + (15 if i >= 50 else 0))
+                       for i in range(100)])  # fmt: skip
+    result = meter.result()
+    assert result.max_gap_ns == 16 * MS
+    assert result.max_loss_ns is None and result.lost_ranges == []
+
+
+def test_the_longest_of_several_loss_periods_is_kept_and_an_open_run_has_none() -> None:
+    meter = Meter(100)
+    kept = [i for i in range(100) if not (10 <= i < 13 or 40 <= i < 48 or i >= 90)]
+    _feed_sent(meter, [(i, i, i) for i in kept])
+    result = meter.result()
+    assert result.max_loss_ns == 9 * MS and result.max_loss_range == (40, 47)
+    assert result.lost_ranges == [(10, 12), (40, 47), (90, 99)]  # 90-99: no arrival after it

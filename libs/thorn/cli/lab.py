@@ -592,6 +592,13 @@ def traffic(
                     else ""
                 ),
             ),
+            (
+                "longest loss",
+                f"{report.max_loss_ms:g} ms, packets {report.max_loss_range[0]}-"
+                f"{report.max_loss_range[1]} (sent from {report.max_loss_at})"
+                if report.max_loss_ms is not None and report.max_loss_range is not None
+                else "none",
+            ),
         ],
         title=f"{spec.kind} stream {src} -> {dst}",
     )

@@ -6,7 +6,12 @@ Definitions, for a stream of `count` packets numbered 0..count-1:
     duplicates  arrivals of a sequence number already received;
     reordered   arrivals (not duplicates) below the highest number received so far;
     gap         the time between two consecutive arrivals, from the kernel's receive
-                timestamps (SO_TIMESTAMPNS), so Python's scheduling does not blur it.
+                timestamps (SO_TIMESTAMPNS), so Python's scheduling does not blur it;
+    loss        a run of consecutive lost numbers: its period is the time between the send
+                stamps of the packets that arrived on either side of it (RFC 6412's packet
+                loss period, on the sender's clock). Unlike the gap, a pause of the sender
+                or the receiver with nothing lost is not one; a run at either end of the
+                stream, with no arrival on one side, has no period.
 RoCE PSNs are 24 bits: each is unwrapped to the value nearest the highest one seen.
 """
 
@@ -19,6 +24,7 @@ from thorn.lab.packets import PSN_MODULUS
 __all__ = ["MAX_RANGES", "Meter", "MeterResult", "unwrap_psn"]
 
 MAX_RANGES = 20
+MAX_BOUNDARIES = 100_000  # send stamps kept around discontinuities (bounds the memory)
 
 
 def unwrap_psn(psn: int, reference: int) -> int:
@@ -45,6 +51,9 @@ class MeterResult:
     max_gap_after_seq: int | None
     lost_ranges: list[tuple[int, int]]  # the first MAX_RANGES runs of missing numbers
     lost_ranges_total: int  # how many runs in all
+    max_loss_ns: int | None = None  # the longest loss period (see the module's definitions)
+    max_loss_start_ns: int | None = None  # send stamp of the arrival before it
+    max_loss_range: tuple[int, int] | None = None  # its lost numbers [first, last]
 
 
 class Meter:
@@ -66,6 +75,8 @@ class Meter:
         self._gap_start: int | None = None
         self._gap_before: int | None = None
         self._gap_after: int | None = None
+        self._last_sent: int | None = None
+        self._sent_at: dict[int, int] = {}  # send stamps on both sides of a discontinuity
 
     def _sequence(self, raw: int) -> int:
         if self.start_psn is None or self._highest_psn is None:
@@ -74,12 +85,19 @@ class Meter:
         self._highest_psn = max(self._highest_psn, unwrapped)
         return unwrapped - self.start_psn
 
-    def observe(self, raw_seq: int, rx_ns: int) -> None:
-        """One arrival: its sequence number (or PSN) and kernel receive time."""
+    def observe(self, raw_seq: int, rx_ns: int, sent_ns: int | None = None) -> None:
+        """One arrival: its sequence number (or PSN), kernel receive time and, to time
+        loss periods, the send stamp it carries."""
         seq = self._sequence(raw_seq)
         if not 0 <= seq < self.count:
             self.strays += 1
             return
+        if sent_ns is not None:
+            if seq != (self._last_seq or 0) + 1 and len(self._sent_at) < MAX_BOUNDARIES:
+                if self._last_seq is not None and self._last_sent is not None:
+                    self._sent_at[self._last_seq] = self._last_sent
+                self._sent_at[seq] = sent_ns
+            self._last_sent = sent_ns
         if self._last is not None:
             gap = rx_ns - self._last
             if gap > self._gap:
@@ -120,9 +138,30 @@ class Meter:
                 start = None
         return ranges, total
 
+    def longest_loss(self, sent: int) -> tuple[int, int, tuple[int, int]] | None:
+        """(period ns, send stamp before it, [first, last]) of the longest loss period among
+        the runs below `sent`; None if no run has arrivals on both sides."""
+        best: tuple[int, int, tuple[int, int]] | None = None
+        seen, sent = self._seen, min(sent, self.count)
+        seq = 0
+        while seq < sent:
+            if seen[seq >> 3] & (1 << (seq & 7)):
+                seq += 1
+                continue
+            first = seq
+            while seq < sent and not seen[seq >> 3] & (1 << (seq & 7)):
+                seq += 1
+            before, after = self._sent_at.get(first - 1, -1), self._sent_at.get(seq, -1)
+            if seq == sent or before < 0 or after < 0:
+                continue  # an arrival is missing on one side: no period to time
+            if best is None or after - before > best[0]:
+                best = (after - before, before, (first, seq - 1))
+        return best
+
     def result(self, sent: int | None = None) -> MeterResult:
         """The accounting so far; `sent` (default: the whole stream) bounds the lost runs."""
         ranges, total = self.missing(self.count if sent is None else sent)
+        loss = self.longest_loss(self.count if sent is None else sent)
         return MeterResult(
             received=self.received,
             duplicates=self.duplicates,
@@ -136,4 +175,7 @@ class Meter:
             max_gap_after_seq=self._gap_after,
             lost_ranges=ranges,
             lost_ranges_total=total,
+            max_loss_ns=loss[0] if loss else None,
+            max_loss_start_ns=loss[1] if loss else None,
+            max_loss_range=loss[2] if loss else None,
         )

@@ -128,6 +128,12 @@ class TrafficReport(BaseModel):
     max_gap_offset_ms: float | None = Field(description="... in ms after the first send")
     max_gap_after_seq: int | None
     max_gap_before_seq: int | None
+    max_loss_ms: float | None = Field(
+        description="the longest loss period: from the send stamp of the packet before a run "
+        "of lost packets to that of the packet after it (none if no run has both)"
+    )
+    max_loss_at: str | None = Field(description="send time of the packet before it (UTC)")
+    max_loss_range: tuple[int, int] | None = Field(description="its lost numbers [first, last]")
     lost_ranges: list[tuple[int, int]] = Field(description="first 20 runs [first, last] lost")
     lost_ranges_total: int
     send_seconds: float
@@ -321,7 +327,7 @@ class _Probe:
                 continue
             probe = decode(data, spec.kind)
             if probe is not None and probe.stream == self.stream_id:
-                self.meter.observe(probe.seq, _arrival(ancillary))
+                self.meter.observe(probe.seq, _arrival(ancillary), probe.sent_ns)
 
 
 def _outcome(sent: _Sent, meter: Meter) -> _Outcome:
@@ -456,6 +462,9 @@ def _report(
         max_gap_offset_ms=gap_offset,
         max_gap_after_seq=m.max_gap_after_seq,
         max_gap_before_seq=m.max_gap_before_seq,
+        max_loss_ms=None if m.max_loss_ns is None else round(m.max_loss_ns / 1e6, 3),
+        max_loss_at=None if m.max_loss_start_ns is None else _iso(m.max_loss_start_ns),
+        max_loss_range=m.max_loss_range,
         lost_ranges=m.lost_ranges,
         lost_ranges_total=m.lost_ranges_total,
         send_seconds=round(o.send_seconds, 3),
@@ -585,7 +594,7 @@ class _GroupProbe:
                 return
             probe = decode(data, flow.spec.kind)
             if probe is not None and probe.stream == flow.stream_id:
-                flow.meter.observe(probe.seq, _arrival(ancillary))
+                flow.meter.observe(probe.seq, _arrival(ancillary), probe.sent_ns)
 
 
 class StreamGroup:

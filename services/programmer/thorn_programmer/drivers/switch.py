@@ -72,33 +72,26 @@ class SwitchRouteDriver(NetlinkDatapath):
         # so the override outlives this driver (a restarted agent opens a new one).
         self.withdrawn: set[str] = set()
         self.intent: SwitchIntent | None = None  # the last one rendered, as the agent gave it
-        self._reads: TcSocket | None = None  # its own socket: sends may be in flight on `tc`
         # A withdraw or restore and a reconcile both diff renderings against the kernel: one
         # at a time (see `exclusive`).
         self._exclusive = asyncio.Lock()
-
-    def close(self) -> None:
-        if self._reads is not None:
-            self._reads.close()
-            self._reads = None
 
     async def read(self) -> list[KernelObject]:
         """A switch's THORN objects are its routes: read from two route dumps and a link
         dump (for the names), decoding only what a route needs. Each dump is a few
         kernel microseconds plus well under a millisecond of Python here, so it runs on the
         loop's thread."""
-        if self._reads is None:
-            self._reads = TcSocket(self.netns, rcvbuf=4 << 20, sndbuf=1 << 16)
-        links = [parse_link_name(m) for m in self._reads.dump(dump_links_message())]
+        sock = self.reads()
+        links = [parse_link_name(m) for m in sock.dump(dump_links_message())]
         self.ifindex = {name: index for index, name in filter(None, links)}
         names = {index: name for name, index in self.ifindex.items()}
         objects: list[KernelObject] = []
         for family in (socket.AF_INET, socket.AF_INET6):
-            for message in self._reads.dump(dump_routes_message(family)):
+            for message in sock.dump(dump_routes_message(family)):
                 route = parse_thorn_route(message, names)
                 if route is not None:
                     objects.append(route)
-            for message in self._reads.dump(dump_rules_message(family)):
+            for message in sock.dump(dump_rules_message(family)):
                 rule = parse_thorn_rule(message)
                 if rule is not None:
                     objects.append(rule)
