@@ -85,3 +85,16 @@ def test_a_non_revertive_policy_ignores_the_preferred_path_coming_back() -> None
     overrides.put(["host2"], "blue", "bfd red to host2 down", "source", 6, now=100.0)
     assert overrides.path_up("host2", now=101.0) is None
     assert overrides.due(200.0) == []
+
+
+async def test_a_save_off_the_loop_persists_and_never_replaces_a_newer_state(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "overrides.json"
+    overrides = Overrides(path, revertive=True, hold_down=1.0)
+    overrides.put(["h2"], "blue", "bfd down", "source", 1, 0.0, save=False)
+    older = overrides._snapshot()  # taken for a write still on its way to a thread
+    overrides.put(["h3"], "blue", "bfd down", "source", 1, 0.0, save=False)
+    await overrides.save_off_loop()
+    overrides._write(*older)  # the older write lands last: it must not win
+    assert set(Overrides(path, revertive=True, hold_down=1.0).colours()) == {"h2", "h3"}

@@ -533,7 +533,7 @@ class NodeAgent:
                 if colour != preferred and self.path_state(peer, preferred) is State.UP:
                     self.on_path(peer, preferred, True)
             if not moving:
-                self.overrides.save()
+                self.record_after(self.overrides.save_off_loop())  # not under the lock
                 return 0.0
             # From what the kernel has (the last applied intent), only the moving peers'
             # colour changes: no rebuild from the documents on the critical path. The next
@@ -567,7 +567,7 @@ class NodeAgent:
     async def _after_flip(self, moving: list[str], was: ColourName, colour: ColourName,
                           reason: str, tier: FailoverTier, seconds: float,
                           errors: list[ApplyError], trace: Trace | None) -> None:  # fmt: skip
-        self.overrides.save()
+        await self.overrides.save_off_loop()
         if errors:
             log.error("failover_errors", node=self.node, peers=moving[:10],
                       errors=[e.message for e in errors])  # fmt: skip
