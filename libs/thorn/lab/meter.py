@@ -17,6 +17,7 @@ RoCE PSNs are 24 bits: each is unwrapped to the value nearest the highest one se
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from thorn.lab.packets import PSN_MODULUS
@@ -93,7 +94,8 @@ class Meter:
             self.strays += 1
             return
         if sent_ns is not None:
-            if seq != (self._last_seq or 0) + 1 and len(self._sent_at) < MAX_BOUNDARIES:
+            jumped = self._last_seq is None or seq != self._last_seq + 1
+            if jumped and len(self._sent_at) < MAX_BOUNDARIES:
                 if self._last_seq is not None and self._last_sent is not None:
                     self._sent_at[self._last_seq] = self._last_sent
                 self._sent_at[seq] = sent_ns
@@ -120,28 +122,8 @@ class Meter:
         else:
             self._highest = seq
 
-    def missing(self, sent: int) -> tuple[list[tuple[int, int]], int]:
+    def _runs(self, sent: int) -> Iterator[tuple[int, int]]:
         """Runs [first, last] of sequence numbers below `sent` that never arrived."""
-        ranges: list[tuple[int, int]] = []
-        total = 0
-        start: int | None = None
-        for seq in range(min(sent, self.count) + 1):
-            here = seq < min(sent, self.count) and bool(self._seen[seq >> 3] & (1 << (seq & 7)))
-            if seq < min(sent, self.count) and not here:
-                if start is None:
-                    start = seq
-                continue
-            if start is not None:
-                total += 1
-                if len(ranges) < MAX_RANGES:
-                    ranges.append((start, seq - 1))
-                start = None
-        return ranges, total
-
-    def longest_loss(self, sent: int) -> tuple[int, int, tuple[int, int]] | None:
-        """(period ns, send stamp before it, [first, last]) of the longest loss period among
-        the runs below `sent`; None if no run has arrivals on both sides."""
-        best: tuple[int, int, tuple[int, int]] | None = None
         seen, sent = self._seen, min(sent, self.count)
         seq = 0
         while seq < sent:
@@ -151,17 +133,28 @@ class Meter:
             first = seq
             while seq < sent and not seen[seq >> 3] & (1 << (seq & 7)):
                 seq += 1
-            before, after = self._sent_at.get(first - 1, -1), self._sent_at.get(seq, -1)
-            if seq == sent or before < 0 or after < 0:
+            yield first, seq - 1
+
+    def _longest_loss(
+        self, runs: list[tuple[int, int]], sent: int
+    ) -> tuple[int, int, tuple[int, int]] | None:
+        """(period ns, send stamp before it, [first, last]) of the longest loss period among
+        `runs`; None if no run has arrivals on both sides."""
+        best: tuple[int, int, tuple[int, int]] | None = None
+        for first, last in runs:
+            before, after = self._sent_at.get(first - 1, -1), self._sent_at.get(last + 1, -1)
+            if last + 1 >= min(sent, self.count) or before < 0 or after < 0:
                 continue  # an arrival is missing on one side: no period to time
             if best is None or after - before > best[0]:
-                best = (after - before, before, (first, seq - 1))
+                best = (after - before, before, (first, last))
         return best
 
     def result(self, sent: int | None = None) -> MeterResult:
         """The accounting so far; `sent` (default: the whole stream) bounds the lost runs."""
-        ranges, total = self.missing(self.count if sent is None else sent)
-        loss = self.longest_loss(self.count if sent is None else sent)
+        sent = self.count if sent is None else sent
+        runs = list(self._runs(sent))  # one walk of the bitmap for both accounts
+        ranges, total = runs[:MAX_RANGES], len(runs)
+        loss = self._longest_loss(runs, sent)
         return MeterResult(
             received=self.received,
             duplicates=self.duplicates,

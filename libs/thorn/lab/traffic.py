@@ -328,6 +328,21 @@ class _Probe:
             probe = decode(data, spec.kind)
             if probe is not None and probe.stream == self.stream_id:
                 self.meter.observe(probe.seq, _arrival(ancillary), probe.sent_ns)
+        self.rx.setblocking(False)  # what arrived while this process waited for the CPU
+        _drain(self.rx, spec.kind, self.stream_id, self.meter)
+
+
+def _drain(rx: socket.socket, kind: Kind, stream_id: int, meter: Meter) -> None:
+    """Count every probe waiting on non-blocking `rx` (the kernel stamped each already)."""
+    space = socket.CMSG_SPACE(_TIMESPEC.size)
+    while True:
+        try:
+            data, ancillary, _, _ = rx.recvmsg(2048, space)
+        except (BlockingIOError, InterruptedError):
+            return
+        probe = decode(data, kind)
+        if probe is not None and probe.stream == stream_id:
+            meter.observe(probe.seq, _arrival(ancillary), probe.sent_ns)
 
 
 def _outcome(sent: _Sent, meter: Meter) -> _Outcome:
@@ -578,23 +593,12 @@ class _GroupProbe:
                         break
                 ready = selector.select(RECV_POLL_S)
                 for key, _ in ready:
-                    self._drain(key.data)
+                    flow = key.data
+                    _drain(flow.rx, flow.spec.kind, flow.stream_id, flow.meter)
                 if ready:
                     time.sleep(RECV_BATCH_S)
             for flow in self.flows:  # what arrived while this process waited for the CPU
-                self._drain(flow)
-
-    @staticmethod
-    def _drain(flow: _Flow) -> None:
-        space = socket.CMSG_SPACE(_TIMESPEC.size)
-        while True:
-            try:
-                data, ancillary, _, _ = flow.rx.recvmsg(2048, space)
-            except (BlockingIOError, InterruptedError):
-                return
-            probe = decode(data, flow.spec.kind)
-            if probe is not None and probe.stream == flow.stream_id:
-                flow.meter.observe(probe.seq, _arrival(ancillary), probe.sent_ns)
+                _drain(flow.rx, flow.spec.kind, flow.stream_id, flow.meter)
 
 
 class StreamGroup:

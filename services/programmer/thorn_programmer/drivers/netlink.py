@@ -36,7 +36,6 @@ from thorn_programmer import u32
 from thorn_programmer.drivers.reads import (
     dump_addresses_message,
     dump_fdb_message,
-    dump_filters_message,
     dump_qdiscs_message,
     parse_fdb,
     parse_labelled_address,
@@ -68,7 +67,7 @@ from thorn_programmer.kernel import (
     Redirect,
     Route,
 )
-from thorn_programmer.netlink import TcBatchError, TcError, TcSocket
+from thorn_programmer.netlink import TcBatchError, TcError, TcSocket, filter_dump
 
 CHUNK = 1024  # prebuilt messages per batch handed to the sender
 INLINE_MESSAGES = 64  # a batch this small (and alone) is sent without the sender thread
@@ -209,7 +208,7 @@ class NetlinkDatapath:
         self.clsact_devices = [names[i] for i, kind in qdiscs if kind == "clsact" and i in names]
         for dev in self.clsact_devices:
             objects.append(Clsact(dev=dev))
-            for message in sock.dump(dump_filters_message(self.ifindex[dev], u32.INGRESS)):
+            for message in sock.dump(filter_dump(self.ifindex[dev], u32.INGRESS)):
                 redirect = parse_u32_redirect(message, dev, names)
                 if redirect is not None and owned_prio(redirect.prio):
                     objects.append(redirect)

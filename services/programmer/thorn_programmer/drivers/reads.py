@@ -21,7 +21,7 @@ from thorn_programmer.drivers.routes import _HEADER, _IFINFOMSG, _U32, _attrs
 from thorn_programmer.kernel import Device, Fdb, Redirect
 from thorn_programmer.netlink.constants import NlmFlag
 
-RTM_GETADDR, RTM_GETNEIGH, RTM_GETQDISC, RTM_GETTFILTER = 22, 30, 38, 46
+RTM_GETADDR, RTM_GETNEIGH, RTM_GETQDISC = 22, 30, 38
 IFLA_LINKINFO, IFLA_INFO_KIND, IFLA_INFO_DATA = 18, 1, 2
 IFLA_VXLAN_ID, IFLA_VXLAN_LOCAL, IFLA_VXLAN_PORT = 1, 4, 15
 IFLA_VXLAN_LOCAL6, IFLA_VXLAN_COLLECT_METADATA = 17, 25
@@ -51,10 +51,6 @@ def dump_addresses_message() -> bytes:
 
 def dump_qdiscs_message() -> bytes:
     return _dump(RTM_GETQDISC, _TCMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0))
-
-
-def dump_filters_message(ifindex: int, parent: int) -> bytes:
-    return _dump(RTM_GETTFILTER, _TCMSG.pack(socket.AF_UNSPEC, ifindex, 0, parent, 0))
 
 
 def dump_fdb_message() -> bytes:
