@@ -96,6 +96,24 @@ def test_node_down_is_carrier_loss_at_every_neighbour(lab: Lab) -> None:
     assert _state(untouched) == (True, True, "UP")
 
 
+def test_a_dead_node_drops_at_every_port_and_restore_takes_the_drops_away(lab: Lab) -> None:
+    """A node that dies forwards nothing from one instant: every port drops at ingress in
+    the same batch that takes the ports down (port by port, a flow through the node lost a
+    packet at each port's turn), and restore removes every drop."""
+    record = faults.node_down(lab, "spine1")
+    ports = {str(d) for d in record.filters}
+    assert ports == {f"spine1:{e.near.port}" for e in lab.node_links("spine1")}
+    assert ports == {str(d) for d in record.admin_down}
+    with lab.rtnl("spine1") as handle:
+        links = handle.links()
+        indexes = [links[d.ifname].index for d in record.filters]
+        assert not any(links[d.ifname].admin_up for d in record.filters)
+        # Each port has the drop (taken away here, by the same call restore makes).
+        assert [handle.detach_ingress_bpf(i) for i in indexes] == [True] * len(indexes)
+    faults.restore(lab, record.id)  # a drop already gone is no error
+    assert faults.faults(lab) == []
+
+
 def test_a_silent_drop_keeps_carrier_up_and_loses_every_packet(lab: Lab) -> None:
     assert _probe(lab, 200) == 200
     record = faults.silent_drop(lab, "host1:eth1", faults.Direction.out)

@@ -9,7 +9,8 @@ Kinds, and what each side sees (``near`` is the end named first, see `Lab.link`)
                 ``linkdown``); far side: admin down, operstate DOWN, its routes deleted.
                 (veth has no ``carrier off`` of its own; this is the closest a veth gets to
                 a fibre cut seen by one side.)
-``node-down``   Every port of the node admin down (the node "dies"): each neighbour sees
+``node-down``   The node dies: from one instant every packet arriving at any of its
+                ports is dropped, then every port goes admin down, so each neighbour sees
                 carrier loss on the port facing it, exactly as the near side of
                 ``carrier``; hosts' workload representors are left alone.
 ``drop``        A silent drop (black hole): admin and carrier stay up at both ends, no
@@ -29,14 +30,13 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from contextlib import ExitStack, suppress
+from contextlib import suppress
 from enum import StrEnum
-from functools import partial
 
 from thorn.lab import bpf, state
 from thorn.lab.handle import Lab, LinkEnds, UnknownName
 from thorn.lab.plan import EndPlan
-from thorn.lab.rtnl import LinkState, Rtnl, set_admin_at_once
+from thorn.lab.rtnl import AtOnce, Rtnl, change_at_once, set_admin_at_once
 
 __all__ = [
     "Direction",
@@ -68,40 +68,20 @@ def _device(end: EndPlan) -> state.Device:
     return state.Device(node=end.node, port=end.port, namespace=end.namespace, ifname=end.ifname)
 
 
-def _set_admin(devices: list[state.Device], up: bool) -> None:
-    """Every device up or down, as close together in time as the kernel allows: the
-    namespaces' link tables first, then one batch per namespace, back to back (a whole
-    switch fails at once, not port by port)."""
-    indexes: dict[str | None, list[int]] = {}
+def _indexes(devices: list[state.Device]) -> dict[str | None, list[int]]:
+    """namespace -> the devices' ifindexes (one link dump per namespace)."""
+    found: dict[str | None, list[int]] = {}
     for ns in dict.fromkeys(d.namespace for d in devices):
         with Rtnl.open(ns) as handle:
             links = handle.links()
-        indexes[ns] = [links[d.ifname].index for d in devices if d.namespace == ns]
-    set_admin_at_once(indexes, up)
+        found[ns] = [links[d.ifname].index for d in devices if d.namespace == ns]
+    return found
 
 
-def _attach(devices: list[state.Device], percent: float | None) -> None:
-    """The drop filter on every device's ingress, as close together in time as the kernel
-    allows: the program, the namespaces' handles and link tables first, then the filters
-    back to back. Attached one by one (a program load and a link dump each), the two ends
-    of a link were 10-40 ms apart, and a flow through the later end lost that much more
-    than the failure itself costs."""
-    program = bpf.drop_all() if percent is None else bpf.drop_fraction(percent)
-    fd = bpf.load(program, "thorn_drop" if percent is None else "thorn_loss")
-    try:
-        with ExitStack() as stack:
-            handles: dict[str, tuple[Rtnl, dict[str, LinkState]]] = {}
-            for ns in dict.fromkeys(d.namespace for d in devices):
-                handle = stack.enter_context(Rtnl.open(ns))
-                handles[ns] = (handle, handle.links())
-            for device in devices:  # leftovers from a lost record
-                handle, links = handles[device.namespace]
-                handle.detach_ingress_bpf(links[device.ifname].index)
-            for device in devices:
-                handle, links = handles[device.namespace]
-                handle.attach_ingress_bpf(links[device.ifname].index, fd, "thorn-fault")
-    finally:
-        os.close(fd)  # the filters hold the program now
+def _set_admin(devices: list[state.Device], up: bool) -> None:
+    """Every device up or down, as close together in time as the kernel allows (a whole
+    switch fails at once, not port by port)."""
+    set_admin_at_once(_indexes(devices), up)
 
 
 def _detach(device: state.Device) -> None:
@@ -112,19 +92,40 @@ def _detach(device: state.Device) -> None:
 
 
 def _apply(record: state.FaultRecord) -> None:
-    """Make the kernel match the record; on failure undo what was done and re-raise."""
-    undo: list[Callable[[], None]] = []
+    """Make the kernel match the record; on failure undo what was done and re-raise.
+
+    Everything slow comes first (the program's load, clsact qdiscs, the link tables); then
+    one batch per namespace attaches the drops and only then takes the ports down. A node
+    that dies so forwards nothing from one instant: taken down port by port (each admin
+    down costs the kernel ~1 ms), it went on forwarding through the ports still up, and a
+    flow through it lost a packet at each port instead of one run. Drops attached one by
+    one (a program load and a link dump each) left the two ends of a link 10-40 ms apart."""
+    fd = None
+    if record.filters:
+        program = bpf.drop_all() if record.percent is None else bpf.drop_fraction(record.percent)
+        fd = bpf.load(program, "thorn_drop" if record.percent is None else "thorn_loss")
     try:
-        if record.admin_down:
-            _set_admin(record.admin_down, False)
-            undo.append(partial(_set_admin, record.admin_down, True))
-        if record.filters:
-            undo.extend(partial(_detach, device) for device in record.filters)
-            _attach(record.filters, record.percent)
-    except BaseException:
-        for step in reversed(undo):
-            step()
-        raise
+        drops = _indexes(record.filters)
+        for ns, indexes in drops.items():
+            with Rtnl.open(ns) as handle:
+                for index in indexes:
+                    handle.ensure_clsact(index)
+                    handle.detach_ingress_bpf(index)  # a leftover from a lost record
+        downs = _indexes(record.admin_down)
+        batches = {ns: AtOnce(drop=drops.get(ns, ()), admin=downs.get(ns, ()))
+                   for ns in dict.fromkeys([*drops, *downs])}  # fmt: skip
+        try:
+            program_ref = None if fd is None else (fd, "thorn-fault")
+            change_at_once(batches, up=False, program=program_ref)
+        except BaseException:
+            for device in record.filters:
+                _detach(device)
+            if record.admin_down:
+                _set_admin(record.admin_down, True)
+            raise
+    finally:
+        if fd is not None:
+            os.close(fd)  # the filters hold the program now
 
 
 def _unapply(record: state.FaultRecord) -> None:
@@ -261,7 +262,8 @@ def packet_loss(
 
 
 def node_down(lab: Lab, node: str) -> state.FaultRecord:
-    """Every port of `node` admin down: its neighbours see carrier loss."""
+    """`node` dies: it forwards nothing from one instant (a drop at every port's ingress,
+    attached at once), then every port goes admin down and its neighbours see carrier loss."""
     links = lab.node_links(node)
     if not links:
         raise UnknownName(f"node '{node}' has no links in lab '{lab.prefix}'")
@@ -269,7 +271,11 @@ def node_down(lab: Lab, node: str) -> state.FaultRecord:
     peers = [_device(e.far) for e in links]
 
     def make(fault_id: str) -> state.FaultRecord:
-        sees = {str(d): "admin down (IFF_UP clear), operstate DOWN" for d in own}
+        sees = {
+            str(d): "everything arriving dropped at ingress; admin down (IFF_UP clear), "
+            "operstate DOWN"
+            for d in own
+        }
         sees |= {str(d): "carrier lost: admin up, NO-CARRIER, operstate DOWN" for d in peers}
         return state.FaultRecord(
             id=fault_id,
@@ -278,6 +284,7 @@ def node_down(lab: Lab, node: str) -> state.FaultRecord:
             created_at=state.now(),
             sees=sees,
             admin_down=own,
+            filters=own,
             touches=own + peers,
         )
 

@@ -8,6 +8,7 @@ errors come out as `OSError` with the kernel's errno.
 from __future__ import annotations
 
 import errno
+import itertools
 import os
 import socket
 import struct
@@ -23,7 +24,7 @@ from pyroute2.netlink.exceptions import (  # type: ignore[import-untyped,unused-
 
 from thorn.lab import netns
 
-__all__ = ["LinkState", "Rtnl", "set_admin_at_once"]
+__all__ = ["AtOnce", "LinkState", "Rtnl", "change_at_once", "set_admin_at_once"]
 
 IFF_UP = 0x1
 IFF_LOWER_UP = 0x10000
@@ -234,34 +235,84 @@ class Rtnl:
         return found
 
 
-# --- many links at once ---------------------------------------------------------------------
-RTM_NEWLINK, NLMSG_ERROR = 16, 2
-NLM_F_REQUEST, NLM_F_ACK = 0x1, 0x4
+# --- many changes at once -------------------------------------------------------------------
+RTM_NEWLINK, RTM_NEWTFILTER, NLMSG_ERROR = 16, 44, 2
+NLM_F_REQUEST, NLM_F_ACK, NLM_F_EXCL, NLM_F_CREATE = 0x1, 0x4, 0x200, 0x400
+TCA_KIND, TCA_OPTIONS = 1, 2
+TCA_BPF_FD, TCA_BPF_NAME, TCA_BPF_FLAGS = 6, 7, 8
+TCA_BPF_FLAG_ACT_DIRECT = 1
+NLA_F_NESTED = 0x8000
 _NLMSGHDR = struct.Struct("=IHHII")
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
+_TCMSG = struct.Struct("=BxxxiIII")  # family, ifindex, handle, parent, info
+_NLATTR = struct.Struct("=HH")
 
 
-def set_admin_at_once(links: Mapping[str | None, Sequence[int]], up: bool) -> None:
-    """Set every link (namespace -> ifindexes) admin up or down as close together in time
-    as the kernel allows: a raw rtnetlink socket per namespace made first, then one sendmsg
-    per namespace carrying all of its links, back to back, and only then the answers.
-    Through one request each (pyroute2), a switch's ports went down ~1 ms apart, and a
-    flow lost one packet in flight at each. OSError with the kernel's errno on a refusal."""
+@dataclass(frozen=True)
+class AtOnce:
+    """One namespace's share of `change_at_once`, carried out in this order: the drop
+    program on the ingress of `drop` (ifindexes; each needs its clsact qdisc already, see
+    `Rtnl.ensure_clsact`), then the links `admin` set admin up or down."""
+
+    drop: Sequence[int] = ()
+    admin: Sequence[int] = ()
+
+
+def _attr(kind: int, payload: bytes) -> bytes:
+    header = _NLATTR.pack(_NLATTR.size + len(payload), kind)
+    return header + payload + b"\0" * (-len(payload) % 4)
+
+
+def _message(kind: int, flags: int, seq: int, body: bytes) -> bytes:
+    return _NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags, seq, 0) + body
+
+
+def _admin_request(seq: int, index: int, up: bool) -> bytes:
+    body = _IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP)
+    return _message(RTM_NEWLINK, NLM_F_REQUEST | NLM_F_ACK, seq, body)
+
+
+def _ingress_bpf_request(seq: int, index: int, prog_fd: int, name: str) -> bytes:
+    """`tc filter add dev X ingress pref 1 handle 1 protocol all bpf da fd F name N`."""
+    info = FAULT_PREF << 16 | socket.htons(ETH_P_ALL)
+    options = (_attr(TCA_BPF_FD, struct.pack("=I", prog_fd))
+               + _attr(TCA_BPF_NAME, name.encode() + b"\0")
+               + _attr(TCA_BPF_FLAGS, struct.pack("=I", TCA_BPF_FLAG_ACT_DIRECT)))  # fmt: skip
+    body = (_TCMSG.pack(socket.AF_UNSPEC, index, FAULT_HANDLE, CLSACT_INGRESS, info)
+            + _attr(TCA_KIND, b"bpf\0") + _attr(TCA_OPTIONS | NLA_F_NESTED, options))  # fmt: skip
+    flags = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+    return _message(RTM_NEWTFILTER, flags, seq, body)
+
+
+def change_at_once(
+    batches: Mapping[str | None, AtOnce],
+    *,
+    up: bool = False,
+    program: tuple[int, str] | None = None,
+) -> None:
+    """Carry out every namespace's `AtOnce` as close together in time as the kernel allows:
+    a raw rtnetlink socket per namespace made first, then one sendmsg per namespace with
+    all of its requests, back to back, and only then the answers. `program` (fd, name) is
+    the BPF program the drops attach. Through one request each (pyroute2), a switch's ports
+    went down ~1 ms apart and a flow lost one packet in flight at each; and even in one
+    batch each admin down costs the kernel about a millisecond, which is why a dying node
+    drops at its ingress first (`faults.node_down`). OSError with the kernel's errno on a
+    refusal; the requests before it in its batch stay done."""
     sockets: list[tuple[str | None, socket.socket, bytes, int]] = []
     try:
-        for namespace, indexes in links.items():
-            if not indexes:
+        for namespace, batch in batches.items():
+            if batch.drop and program is None:
+                raise ValueError("drops need the program to attach")
+            seq = itertools.count(1)  # an answer names the request it is for
+            requests = [_ingress_bpf_request(next(seq), i, *program) for i in batch.drop
+                        if program is not None]  # fmt: skip
+            requests += [_admin_request(next(seq), i, up) for i in batch.admin]
+            if not requests:
                 continue
             with netns.entered(namespace) if namespace is not None else nullcontext():
                 sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
             sock.settimeout(5.0)
-            body = b"".join(
-                _NLMSGHDR.pack(_NLMSGHDR.size + _IFINFOMSG.size, RTM_NEWLINK,
-                               NLM_F_REQUEST | NLM_F_ACK, seq, 0)
-                + _IFINFOMSG.pack(socket.AF_UNSPEC, 0, index, IFF_UP if up else 0, IFF_UP)
-                for seq, index in enumerate(indexes, 1)
-            )  # fmt: skip
-            sockets.append((namespace, sock, body, len(indexes)))
+            sockets.append((namespace, sock, b"".join(requests), len(requests)))
         for _, sock, body, _ in sockets:
             sock.send(body)
         for namespace, sock, _, expected in sockets:
@@ -270,15 +321,24 @@ def set_admin_at_once(links: Mapping[str | None, Sequence[int]], up: bool) -> No
                 data = sock.recv(1 << 16)
                 offset = 0
                 while offset + _NLMSGHDR.size <= len(data):
-                    length, kind, _flags, _seq, _pid = _NLMSGHDR.unpack_from(data, offset)
+                    length, kind, _flags, seq, _pid = _NLMSGHDR.unpack_from(data, offset)
                     if kind == NLMSG_ERROR:
                         answered += 1
                         (code,) = struct.unpack_from("=i", data, offset + _NLMSGHDR.size)
                         if code:
-                            state = "up" if up else "down"
-                            raise OSError(-code, f"set links {state} in {namespace}: "
+                            batch = batches[namespace]
+                            what = (f"attach the drop on link {batch.drop[seq - 1]}"
+                                    if seq <= len(batch.drop) else
+                                    f"set link {batch.admin[seq - 1 - len(batch.drop)]} "
+                                    f"{'up' if up else 'down'}")  # fmt: skip
+                            raise OSError(-code, f"{what} in {namespace}: "
                                           f"{os.strerror(-code)}")  # fmt: skip
                     offset += (length + 3) & ~3
     finally:
         for _, sock, _, _ in sockets:
             sock.close()
+
+
+def set_admin_at_once(links: Mapping[str | None, Sequence[int]], up: bool) -> None:
+    """Set every link (namespace -> ifindexes) admin up or down at once (`change_at_once`)."""
+    change_at_once({ns: AtOnce(admin=indexes) for ns, indexes in links.items()}, up=up)
