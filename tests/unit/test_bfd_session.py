@@ -381,6 +381,30 @@ def test_the_silent_side_learns_neighbor_signaled_session_down() -> None:
     assert link.a.state == link.b.state == State.UP
 
 
+def test_an_excuse_moves_only_a_deadline_due_before_it_and_only_up_to_it() -> None:
+    """A runtime's own stall is excused to the session up to a point in time, never by
+    the stall's length: a peer silent for real is found down at most that late."""
+    session = session_in(State.UP, now=1.0)
+    deadline = session.detection_deadline()
+    assert deadline is not None
+    assert session.excuse_until(deadline - 0.001) == 0.0  # due after it already: untouched
+    assert session.detection_deadline() == deadline
+    assert session.excuse_until(deadline + 0.005) == pytest.approx(0.005)
+    assert session.detection_deadline() == pytest.approx(deadline + 0.005)
+    assert changes(session.tick(deadline + 0.004)) == []
+    (down,) = changes(session.tick(deadline + 0.005))
+    assert down.diag == Diag.CONTROL_DETECTION_TIME_EXPIRED
+    assert session.excused_s == pytest.approx(0.005)  # what the Down reports
+
+
+def test_a_packet_heard_ends_what_was_excused() -> None:
+    session = session_in(State.UP, now=1.0)
+    session.excuse_until(10.0)
+    assert session.excused_s > 0
+    session.receive(packet_from_peer(State.UP), 5.0)
+    assert session.excused_s == 0.0
+
+
 def test_detection_is_not_armed_while_down() -> None:
     session = Session(config(1), 0.0, random.Random(1))
     assert session.detection_deadline() is None

@@ -355,6 +355,8 @@ class BfdSessions:
         # A Down the runtime found long after it was due: this process stalled (no packet
         # sent or read meanwhile), which the repair's log must say.
         late = f", runtime {event.timer_late_ms:.0f} ms late" if event.timer_late_ms >= 5 else ""
+        if event.excused_ms >= 1:  # its own stalls forgiven: the Down came this much later
+            late += f", {event.excused_ms:.0f} ms of stalls excused"
         if key.multihop and key.peer_host is not None and key.colour is not None:
             if failed:
                 self._fail_over(key, event.diag, late)

@@ -90,6 +90,7 @@ class Session:
         self._active_tx_us = self._desired_tx_us
         self._poll = False
         self._last_rx: float | None = None
+        self._excused = 0.0  # seconds of the peer's silence excused since _last_rx
         # The last packet built, and what it was built from: most packets repeat it.
         self._packet_key: tuple[object, ...] = ()
         self._packet: ControlPacket | None = None
@@ -196,6 +197,7 @@ class Session:
         self._remote_desired_tx_us = packet.desired_min_tx_us
         self._remote_detect_mult = packet.detect_mult
         self._last_rx = now
+        self._excused = 0.0
         if packet.final and self._poll:
             # §6.8.3: the new interval takes effect once the Poll sequence terminates.
             self._poll = False
@@ -251,11 +253,25 @@ class Session:
         else:
             self._active_tx_us = value
 
-    def excuse(self, seconds: float) -> None:
-        """Do not count `seconds` of the peer's silence: time in which the peer could not
-        have been heard (see `BfdManager`: a stall of a runtime that holds both ends)."""
-        if self._last_rx is not None:
-            self._last_rx += seconds
+    def excuse_until(self, when: float) -> float:
+        """Do not declare the peer down before `when`: the peer could not have been heard
+        until shortly before it (see `BfdManager`: a stall of a runtime that holds both
+        ends). Only a detection deadline earlier than `when` moves, and only to `when`: a
+        peer that fell silent for real is still found down at most that late. Returns the
+        seconds of silence excused."""
+        deadline = self.detection_deadline()
+        if deadline is None or self._last_rx is None or deadline >= when:
+            return 0.0
+        shift = when - deadline
+        self._last_rx += shift
+        self._excused += shift
+        return shift
+
+    @property
+    def excused_s(self) -> float:
+        """Silence excused since the last packet heard (`excuse_until`); kept past a
+        detection time expiry, so the Down can say how much later it came for it."""
+        return self._excused
 
     def tick(self, now: float) -> list[Action]:
         """Run the detection timer (§6.8.4) and periodic transmission (§6.8.7) up to `now`."""
