@@ -48,6 +48,7 @@ from thorn.model import AdminState, LinkUpdate, TokenRole
 from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
+from thorn_pathcomp.desired import HOST_STAGE, DesiredStates, diff
 from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.service import Deposed, PathService
 
@@ -70,6 +71,16 @@ async def replica(stack: AsyncExitStack, store: Store, bus: Bus, tmp: Path) -> F
     )
     await stack.enter_async_context(app.router.lifespan_context(app))
     return app
+
+
+async def with_agents(stack: AsyncExitStack, store: Store, bus: Bus, tmp: Path,
+                      agents: StandInAgents) -> tuple[FastAPI, PathService]:  # fmt: skip
+    """A replica whose documents `agents` apply, each agent having said hello."""
+    app = await replica(stack, store, bus, tmp)
+    follower = asyncio.create_task(agents.follow())
+    stack.callback(follower.cancel)
+    await agents.hello(sorted((await store.load()).nodes))
+    return app, app.state.pathcomp
 
 
 @pytest_asyncio.fixture
@@ -320,11 +331,7 @@ async def test_each_stage_waits_until_the_agents_applied_the_one_before(
 ) -> None:
     agents = StandInAgents(bus, delay=0.2)
     async with AsyncExitStack() as stack:
-        app = await replica(stack, fabric_store, bus, tmp_path)
-        service: PathService = app.state.pathcomp
-        follower = asyncio.create_task(agents.follow())
-        stack.callback(follower.cancel)
-        await agents.hello(sorted((await fabric_store.load()).nodes))
+        app, service = await with_agents(stack, fabric_store, bus, tmp_path, agents)
         await asyncio.sleep(0.3)
         agents.writes.clear()
         async with client(app) as api:
@@ -350,6 +357,88 @@ async def test_each_stage_waits_until_the_agents_applied_the_one_before(
         assert later[0][0] >= acked, (earlier, later)
 
 
+async def test_a_switch_that_died_is_written_but_never_waited_for(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """A whole spine fails and its agent dies with it: re-protection writes the spine's
+    document (for when it comes back) but waits for no answer from it, so the failure's
+    trace closes long before a stage timeout, and it names no one as late."""
+    fabric = await fabric_store.load()
+    spine1 = sorted(i for i, lk in fabric.links.items() if "spine1" in (lk.a.node, lk.b.node))
+    agents = StandInAgents(bus, delay=0.05, silent={"spine1"})
+    records: list[FailoverEvent] = []
+
+    async def record(event: FailoverEvent) -> None:
+        records.append(event)
+
+    history = await bus.subscribe(FAILOVER_ALL, record, model=FailoverEvent)
+    trace = Trace(id=new_trace_id()).then("detected", "leaf1")
+    async with AsyncExitStack() as stack:
+        _, service = await with_agents(stack, fabric_store, bus, tmp_path, agents)
+        service.stage_timeout = 10.0
+        await until(service.took_over.is_set, "leading")
+        agents.writes.clear()
+        start = time.monotonic()
+        for link_id in spine1:  # as health reports a dead switch: one event per link
+            await bus.publish(LinkHealthChanged(link_id=link_id, state="down", previous="up",
+                                                at=datetime.now(UTC), source="test",
+                                                trace=trace))  # fmt: skip
+        await until(lambda: any(r.tier == "reprotection" for r in records), "re-protected")
+        took = time.monotonic() - start
+    await history.unsubscribe()
+    assert "spine1" in {node for _, node, _ in agents.writes}
+    assert took < service.stage_timeout / 2, "nothing waited for the dead spine's agent"
+    done = [r for r in records if r.tier == "reprotection"]
+    assert all("not acknowledged" not in r.reason for r in done), [r.reason for r in done]
+
+
+async def test_a_write_waits_only_for_the_switches_its_routes_lead_to(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """Make-before-break hop by hop: a slow agent delays only the writes whose new routes
+    lead into its switch, not every write of the next stage."""
+    fabric = await fabric_store.load()
+    agents = StandInAgents(bus, delay=0.02)
+    async with AsyncExitStack() as stack:
+        _, service = await with_agents(stack, fabric_store, bus, tmp_path, agents)
+        await until(service.took_over.is_set, "leading")
+        # Pick a link whose failure makes a rollout with a switch nothing later depends on.
+        link_id, slow = next(
+            (lid, node) for lid in sorted(fabric.links)
+            if (found := _unwaited_switch(fabric, lid)) is not None
+            for node in [found]
+        )  # fmt: skip
+        agents.delays[slow] = 3.0
+        agents.writes.clear()
+        planned = service.revision + 1
+        await bus.publish(LinkHealthChanged(link_id=link_id, state="down", previous="up",
+                                            at=datetime.now(UTC), source="test"))  # fmt: skip
+        await until(lambda: service.revision == planned, "the next plan revision")
+        slow_written = min(at for at, node, _ in agents.writes if node == slow)
+        later = [at for at, node, _ in agents.writes if node != slow and at > slow_written]
+    assert later, "writes after the slow switch's"
+    assert max(later) - slow_written < 1.5, "no write waited for the slow agent"
+
+
+def _unwaited_switch(fabric: Fabric, link_id: int) -> str | None:
+    """A switch written in the first stage of the rollout `link_id` going down makes, that
+    no later switch write depends on (None if there is none)."""
+    plan = Plan.compute(fabric)
+    states = DesiredStates.build(fabric, plan, 1)
+    plan, update = plan.update_links({link_id: False}, fabric.revision)
+    new = states.advance(plan, update.recomputed, update.dropped, 2)
+    changes = [c for c in diff(states, new) if c.node in new.switch_routes]
+    stages = sorted({s for c in changes for s in c.stages if s < HOST_STAGE})
+    if len(stages) < 2:
+        return None
+    first = {c.node for c in changes if stages[0] in c.stages}
+    needed = set().union(*(new.depends_on(c.node, s) for c in changes for s in c.stages
+                           if s < HOST_STAGE))  # fmt: skip
+    later = {c.node for c in changes if any(s > stages[0] for s in c.stages)}
+    free = sorted(first - needed - later)
+    return free[0] if free else None
+
+
 async def test_a_silent_agent_delays_a_stage_by_the_timeout_only(
     fabric_store: Store, bus: Bus, tmp_path: Path
 ) -> None:
@@ -357,12 +446,8 @@ async def test_a_silent_agent_delays_a_stage_by_the_timeout_only(
     switches = sorted(n for n, node in fabric.nodes.items() if node.role.value == "switch")
     agents = StandInAgents(bus, delay=0.0, silent=set(switches))
     async with AsyncExitStack() as stack:
-        app = await replica(stack, fabric_store, bus, tmp_path)
-        service: PathService = app.state.pathcomp
+        app, service = await with_agents(stack, fabric_store, bus, tmp_path, agents)
         service.stage_timeout = 0.3
-        follower = asyncio.create_task(agents.follow())
-        stack.callback(follower.cancel)
-        await agents.hello(sorted(fabric.nodes))
         await asyncio.sleep(0.2)
         async with client(app) as api:
             before = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})

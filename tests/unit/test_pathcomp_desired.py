@@ -3,6 +3,9 @@ that never loops traffic while switches take their new routes one by one."""
 
 from __future__ import annotations
 
+import random
+from collections.abc import Iterator
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -11,13 +14,15 @@ from thorn.desired import HostState, SwitchState, VniState
 from thorn.fabric import Fabric
 from thorn.generators import fat_tree, leaf_spine
 from thorn.model import AdminState, LinkUpdate
-from thorn_pathcomp.desired import DesiredStates, diff
+from thorn_pathcomp.desired import HOST_STAGE, DesiredStates, NodeChange, diff
 from thorn_pathcomp.plan import Plan
 
 FABRICS = {
     "fat-tree k=4": fat_tree(4),
     "leaf-spine dual-homed": leaf_spine(4, 4, 2, dual_homed=True),
 }
+
+Tables = dict[str, dict[tuple[str, str | None], dict[str, object]]]  # switch -> routes
 
 
 def documents(states: DesiredStates) -> dict[str, dict[str, object]]:
@@ -53,7 +58,7 @@ def test_a_dual_homed_host_leaves_by_a_different_port_per_colour() -> None:
     assert {(r.colour, r.port) for r in host.routes} == {("red", "eth1"), ("blue", "eth2")}
 
 
-def walk_all(tables: dict[str, dict[tuple[str, str | None], dict[str, object]]]) -> None:
+def walk_all(tables: Tables) -> None:
     """From every switch, every route leads out of the fabric without visiting a switch twice."""
     for start, table in tables.items():
         for key in table:
@@ -65,14 +70,12 @@ def walk_all(tables: dict[str, dict[tuple[str, str | None], dict[str, object]]])
                 seen.add(node)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    st.sampled_from(sorted(FABRICS)),
-    st.lists(st.tuples(st.integers(0, 999), st.booleans()), min_size=1, max_size=6),
-)
-def test_incremental_states_equal_a_full_build_and_stages_never_loop(
+def link_updates(
     name: str, events: list[tuple[int, bool]]
-) -> None:
+) -> Iterator[tuple[Fabric, dict[str, dict[str, object]], Tables, DesiredStates, list[NodeChange]]]:
+    """Each event ((pick, up): a link by index, its new state) applied in turn to fabric
+    `name`: (the fabric after it, the documents and switch tables before it, the states
+    after it, the diff). Taken before `advance`, which reuses the old states' tables."""
     fabric = Fabric.from_document(FABRICS[name])
     plan = Plan.compute(fabric)
     states = DesiredStates.build(fabric, plan, revision=1)
@@ -81,13 +84,25 @@ def test_incremental_states_equal_a_full_build_and_stages_never_loop(
         link_id = links[pick % len(links)]
         state = AdminState.up if up else AdminState.down
         fabric.update_link(link_id, LinkUpdate(admin_state=state))
-        before_docs = documents(states)
+        before = documents(states)
         tables = {s: dict(t) for s, t in states.switch_routes.items()}
         plan, update = plan.update_links({link_id: up}, fabric.revision)
         new = states.advance(plan, update.recomputed, update.dropped, revision)
-        changes = diff(states, new)
+        yield fabric, before, tables, new, diff(states, new)
+        states = new
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.sampled_from(sorted(FABRICS)),
+    st.lists(st.tuples(st.integers(0, 999), st.booleans()), min_size=1, max_size=6),
+)
+def test_incremental_states_equal_a_full_build_and_stages_never_loop(
+    name: str, events: list[tuple[int, bool]]
+) -> None:
+    for fabric, before_docs, tables, new, changes in link_updates(name, events):
         after_docs = documents(new)
-        assert after_docs == documents(DesiredStates.build(fabric, plan, revision))
+        assert after_docs == documents(DesiredStates.build(fabric, new.plan, new.revision))
         assert {c.node for c in changes} == {
             n for n in after_docs if before_docs.get(n) != after_docs[n]
         }
@@ -99,7 +114,82 @@ def test_incremental_states_equal_a_full_build_and_stages_never_loop(
                     tables[change.node] = {(r["prefix"], r["colour"]): r for r in routes}
             walk_all(tables)
         assert tables == new.switch_routes
-        states = new
+
+
+def agents_apply_in_any_allowed_order(
+    states: DesiredStates, changes: list[NodeChange], rng: random.Random
+) -> list[tuple[str, int]]:
+    """The switches' writes below the host stage, in an order their agents might apply
+    them: a node's stages in order, and each write after the writes it depends on
+    (`depends_on`); anything else as late as chance makes it, as a slow agent would."""
+    todo = [(c.node, s) for c in changes if c.node in states.switch_routes
+            for s in c.stages if s < HOST_STAGE]  # fmt: skip
+    stages_of: dict[str, list[int]] = {}
+    for node, stage in todo:
+        stages_of.setdefault(node, []).append(stage)
+    after: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    for node, stage in todo:
+        earlier = {(node, s) for s in stages_of[node] if s < stage}
+        for dep in states.depends_on(node, stage):
+            lower = [s for s in stages_of.get(dep, []) if s < stage]
+            if lower:
+                earlier.add((dep, max(lower)))
+        after[(node, stage)] = earlier
+    order: list[tuple[str, int]] = []
+    done: set[tuple[str, int]] = set()
+    while len(order) < len(todo):
+        ready = sorted(w for w in todo if w not in done and after[w] <= done)
+        assert ready, "the writes' dependencies form a cycle"
+        pick = rng.choice(ready)
+        order.append(pick)
+        done.add(pick)
+    return order
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(sorted(FABRICS)),
+    st.lists(st.tuples(st.integers(0, 999), st.booleans()), min_size=1, max_size=4),
+    st.randoms(use_true_random=False),
+)
+def test_hop_by_hop_rollouts_never_loop_whatever_order_the_agents_apply_in(
+    name: str, events: list[tuple[int, bool]], rng: random.Random
+) -> None:
+    """The service writes a switch's stage once the switches its new routes lead to have
+    applied theirs, not once every switch of the stage before has: no loop forms at any
+    point, however late the agents nobody waits for apply."""
+    for _, _, tables, new, changes in link_updates(name, events):
+        for node, stage in agents_apply_in_any_allowed_order(new, changes, rng):
+            routes = orjson.loads(new.document_at(node, stage))["routes"]
+            tables[node] = {(r["prefix"], r["colour"]): r for r in routes}
+            walk_all(tables)
+        for change in changes:  # the host stage and the removals: after every switch
+            if change.node in new.switch_routes:
+                tables[change.node] = dict(new.switch_routes[change.node])
+        walk_all(tables)
+        assert tables == new.switch_routes
+
+
+def test_no_switch_waits_for_a_switch_that_died() -> None:
+    """A whole spine fails: the leaves' new routes lead through the other spine alone, so
+    no write waits for the dead spine's agent (which, gone, would never answer), and a
+    switch waits only for switches that change, never for itself."""
+    fabric = Fabric.from_document(leaf_spine(2, 4, 2))
+    plan = Plan.compute(fabric)
+    states = DesiredStates.build(fabric, plan, revision=1)
+    spine1 = [i for i, lk in fabric.links.items() if "spine1" in (lk.a.node, lk.b.node)]
+    plan, update = plan.update_links(dict.fromkeys(spine1, False), fabric.revision)
+    new = states.advance(plan, update.recomputed, update.dropped, 2)
+    assert plan.graph.cut_off() == {"spine1"}
+    changes = diff(states, new)
+    changed = {c.node for c in changes}
+    waited: set[str] = set()
+    for change in changes:
+        for stage in change.stages:
+            deps = new.depends_on(change.node, stage)
+            assert deps <= changed - {change.node}
+            waited |= deps
+    assert "spine1" not in waited
 
 
 def test_a_first_programming_writes_whole_documents_at_stage_zero() -> None:

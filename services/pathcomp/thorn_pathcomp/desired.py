@@ -355,6 +355,43 @@ class DesiredStates:
             "routes": routes,
         })  # fmt: skip
 
+    def depends_on(self, node: str, stage: int) -> set[str]:
+        """The switches whose agents must have applied their new routes before `node` may
+        take its route changes of `stage`: make-before-break hop by hop. For each changed
+        route, from its next hop (and its backup's) along the new routes, the first switch
+        whose route for that prefix changed too (written at a lower stage). Switches on the
+        way whose route did not change are passed through, not stopped at: they forward as
+        before into a switch that may not have its new route yet."""
+        previous = self.previous.get(node)
+        table = self.switch_routes.get(node)
+        if not previous or table is None:
+            return set()
+        out: set[str] = set()
+        for key, before in previous.items():
+            now = table.get(key)
+            if now is None or now == before or now["stage"] != stage:
+                continue
+            starts = [now["neighbour"]]
+            if (backup := now.get("backup")) is not None:
+                starts.append(backup["neighbour"])
+            for hop in starts:
+                if (changed := self._first_changed(hop, key)) is not None:
+                    out.add(changed)
+        out.discard(node)  # a backup that leads back through itself
+        return out
+
+    def _first_changed(self, hop: str, key: RouteKey) -> str | None:
+        """Along the new routes for `key` from `hop`: the first switch whose route for it
+        changed in this update, or None (the destination reached first)."""
+        seen: set[str] = set()
+        while hop not in seen and (route := self.switch_routes.get(hop, {}).get(key)):
+            before = self.previous.get(hop, {})
+            if key in before and before[key] != route:
+                return hop
+            seen.add(hop)
+            hop = route["neighbour"]
+        return None
+
     def vni_documents(self) -> dict[str, bytes]:
         """Every VNI's membership, chunked: KV key -> document (depends on topology only)."""
         out: dict[str, bytes] = {}

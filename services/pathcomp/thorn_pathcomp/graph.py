@@ -91,6 +91,14 @@ class FabricGraph:
         """Switches with hosts attached: where red and blue paths start."""
         return {s for group in self.groups for s in group}
 
+    def cut_off(self) -> set[str]:
+        """Nodes none of whose links carries traffic (a switch that died, a host whose
+        links are all down): nothing forwards through them, so no rollout waits for them."""
+        switches = {self.switches[s] for s, near in enumerate(self.adjacency) if not near}
+        switches -= {self.switches[a.switch] for links in self.attachments.values() for a in links}
+        hosts = {a.host for a in self.host_links.values()} - set(self.attachments)
+        return switches | hosts
+
     def group_of(self, host: str) -> Group:
         return tuple(sorted({a.switch for a in self.attachments.get(host, [])}))
 

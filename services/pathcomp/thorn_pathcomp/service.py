@@ -38,7 +38,7 @@ from thorn.fabric import Fabric
 from thorn.model import AdminState, Role
 from thorn.store import Store
 from thorn_pathcomp.acks import AgentAcks
-from thorn_pathcomp.desired import DesiredStates, diff
+from thorn_pathcomp.desired import HOST_STAGE, DesiredStates, NodeChange, diff
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
 from thorn_pathcomp.flips import link_flips
 from thorn_pathcomp.plan import Plan, PlanUpdate
@@ -319,7 +319,9 @@ class PathService:
                 self._idle.set()
 
     async def _replan(self, events: dict[int, LinkHealthChanged]) -> None:
+        asked = time.perf_counter()
         async with self._lock:
+            locked = time.perf_counter()
             if self.plan is None or self.states is None or self.fabric is None:
                 return
             fabric = self.fabric
@@ -339,6 +341,8 @@ class PathService:
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("incremental").observe(seconds)
             reason = ", ".join(f"link {i} {e.state}" for i, e in sorted(events.items()))
+            log.info("replan_computed", reason=reason, ms=round(seconds * 1000, 1),
+                     lock_wait_ms=round((locked - asked) * 1000, 1))  # fmt: skip
             await self._adopt(
                 fabric, plan, states, update, seconds, "incremental", reason, vnis=False
             )
@@ -490,6 +494,8 @@ class PathService:
             states.compare_with(old)  # documents built afresh still move destination outward
         changes = diff(old, states)
         published = 0
+        stage_timings: list[dict[str, float]] = []  # for the log: where a rollout's time goes
+        adopting = time.perf_counter()
         states.term = self.term() or 0
         if self.is_leader() and self.kv is not None:
             if vnis:
@@ -498,31 +504,8 @@ class PathService:
                         await self.kv.put(key, document)
                         self._vni_written[key] = document
                         published += 1
-            stages = sorted({s for c in changes for s in c.stages})
-            for n, stage in enumerate(stages):
-                # Destination outward: a stage is written only after the lower ones are
-                # written and applied by their (live) agents.
-                written: dict[str, int] = {}
-                if not self.is_leader():  # lost the lease mid-write: the new leader resyncs
-                    log.warning("leadership_lost_while_writing", stage=stage)
-                    break
-                try:
-                    for change in changes:
-                        if stage in change.stages:
-                            written[change.node] = await self._write(
-                                change.node, states.document_at(change.node, stage)
-                            )
-                            published += 1
-                except Deposed as exc:
-                    log.warning("deposed_while_writing", stage=stage, node=str(exc))
-                    break
-                self.written.update(written)
-                self._last_stage = written
-                if n + 1 < len(stages) and (
-                    late := await self.acks.wait(written, self.stage_timeout)
-                ):
-                    log.warning("stage_not_acknowledged", stage=stage, late=late[:10],
-                                count=len(late))  # fmt: skip
+            published += await self._roll_out(states, changes, plan.graph.cut_off(),
+                                              stage_timings)  # fmt: skip
             KV_WRITES.inc(published)
         self.revision += 1
         for change in changes:
@@ -547,6 +530,8 @@ class PathService:
             reason=reason,
             seconds=round(seconds, 4),
             published=published,
+            rollout_ms=round((time.perf_counter() - adopting) * 1000, 1),
+            stages=stage_timings,
         )
         if self.is_leader() and self.bus is not None:
             event = PathsChanged(
@@ -563,6 +548,51 @@ class PathService:
         gc.collect(1)
         gc.freeze()
         return self.status
+
+    async def _roll_out(self, states: DesiredStates, changes: list[NodeChange],
+                        cut_off: set[str], timings: list[dict[str, float]]) -> int:  # fmt: skip
+        """Write the changed documents stage by stage (destination outward); returns how
+        many were written. A switch's write of a stage waits only for the agents of the
+        neighbours its new routes point at (`DesiredStates.depends_on`), once they applied
+        what this rollout wrote for them: waiting for every agent of the stage before, as
+        first built, made a whole stage wait for its slowest agent, often a dying switch's
+        that nothing points at any more. Hosts (and the removals after them) still wait for
+        every switch. Agents of nodes the plan cuts off are never waited for: nothing
+        forwards through them, and a dead node's agent never answers."""
+        stages = sorted({s for c in changes for s in c.stages})
+        prior: dict[str, int] = {}  # node -> KV revision this rollout last wrote for it
+        published = 0
+
+        async def one(node: str, stage: int, deps: set[str]) -> tuple[str, int]:
+            waited = {d: prior[d] for d in deps if d in prior and d not in cut_off}
+            if waited and (late := await self.acks.wait(waited, self.stage_timeout)):
+                log.warning("stage_not_acknowledged", stage=stage, node=node, late=late[:10],
+                            count=len(late))  # fmt: skip
+            revision = await self._write(node, states.document_at(node, stage))
+            self.written[node] = revision  # the next write compares with this one
+            return node, revision
+
+        for stage in stages:
+            if not self.is_leader():  # lost the lease mid-write: the new leader resyncs
+                log.warning("leadership_lost_while_writing", stage=stage)
+                break
+            begun = time.perf_counter()
+            nodes = [c.node for c in changes if stage in c.stages]
+            every = stage >= HOST_STAGE  # hosts and removals: after every switch
+            try:
+                written = dict(await asyncio.gather(*(
+                    one(n, stage, set(prior) if every else states.depends_on(n, stage))
+                    for n in nodes
+                )))  # fmt: skip
+            except Deposed as exc:
+                log.warning("deposed_while_writing", stage=stage, node=str(exc))
+                break
+            published += len(written)
+            prior.update(written)
+            self._last_stage = {n: r for n, r in written.items() if n not in cut_off}
+            timings.append({"stage": stage, "nodes": len(written),
+                            "ms": round((time.perf_counter() - begun) * 1000, 1)})  # fmt: skip
+        return published
 
     async def resync(self) -> int:
         """On becoming leader: write every document the KV does not hold as this replica's
