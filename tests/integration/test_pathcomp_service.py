@@ -396,9 +396,17 @@ async def test_a_write_waits_only_for_the_switches_its_routes_lead_to(
     fabric_store: Store, bus: Bus, tmp_path: Path
 ) -> None:
     """Make-before-break hop by hop: a slow agent delays only the writes whose new routes
-    lead into its switch, not every write of the next stage."""
+    lead into its switch, not every write of the next stage; the failure counts as
+    re-protected only once that agent too has applied its document."""
     fabric = await fabric_store.load()
     agents = StandInAgents(bus, delay=0.02)
+    reprotected: list[float] = []  # when the re-protection record arrived (monotonic)
+
+    async def record(event: FailoverEvent) -> None:
+        if event.tier == "reprotection":
+            reprotected.append(time.monotonic())
+
+    history = await bus.subscribe(FAILOVER_ALL, record, model=FailoverEvent)
     async with AsyncExitStack() as stack:
         _, service = await with_agents(stack, fabric_store, bus, tmp_path, agents)
         await until(service.took_over.is_set, "leading")
@@ -409,15 +417,24 @@ async def test_a_write_waits_only_for_the_switches_its_routes_lead_to(
             for node in [found]
         )  # fmt: skip
         agents.delays[slow] = 3.0
+        service.stage_timeout = 10.0
         agents.writes.clear()
         planned = service.revision + 1
         await bus.publish(LinkHealthChanged(link_id=link_id, state="down", previous="up",
-                                            at=datetime.now(UTC), source="test"))  # fmt: skip
+                                            at=datetime.now(UTC), source="test",
+                                            trace=Trace(id=new_trace_id())))  # fmt: skip
         await until(lambda: service.revision == planned, "the next plan revision")
         slow_written = min(at for at, node, _ in agents.writes if node == slow)
         later = [at for at, node, _ in agents.writes if node != slow and at > slow_written]
+        slow_revision = max(r for _, node, r in agents.writes if node == slow)
+        await until(lambda: reprotected, "re-protected")
+        slow_applied = agents.acks.get((slow, slow_revision))  # None: not applied yet
+    await history.unsubscribe()
     assert later, "writes after the slow switch's"
     assert max(later) - slow_written < 1.5, "no write waited for the slow agent"
+    assert slow_applied is not None and reprotected[0] >= slow_applied, (
+        "re-protected only once every agent applied"
+    )
 
 
 def _unwaited_switch(fabric: Fabric, link_id: int) -> str | None:

@@ -166,7 +166,9 @@ class PathService:
         self._replanner: asyncio.Task[None] | None = None
         self._closing = False
         self._flipped: dict[str, set[str]] = {}  # source host -> peers flipped, until re-protected
-        self._last_stage: dict[str, int] = {}  # node -> KV revision of the last stage written
+        # node -> KV revision of the last rollout's last write to it (cut-off nodes left out):
+        # re-protection is over once every one of them is applied.
+        self._last_writes: dict[str, int] = {}
         self._health_loaded = False
 
     # --- computing --------------------------------------------------------------------------
@@ -349,7 +351,7 @@ class PathService:
             # Waiting for the agents' acks is done off the lock: the next replan (the other
             # links of a failing switch, a restore) must not wait behind a late agent.
             nodes = sorted(n for n, at in self.changed_at.items() if at == self.revision)
-            self._after(self._reprotected(events, reason, dict(self._last_stage), nodes,
+            self._after(self._reprotected(events, reason, dict(self._last_writes), nodes,
                                           self.revision))  # fmt: skip
             # Risks and stretch for GET /plan, off the critical path.
             plan.summary = await asyncio.to_thread(plan.summarise)
@@ -361,11 +363,11 @@ class PathService:
         task.add_done_callback(self._background.discard)
 
     async def _reprotected(self, events: dict[int, LinkHealthChanged], reason: str,
-                           last_stage: dict[str, int], nodes: list[str],
+                           last_writes: dict[str, int], nodes: list[str],
                            revision: int) -> None:  # fmt: skip
-        """Once the replan's last stage is applied (or the stage timeout passed): flipped
-        sources may move back, and each failure's trace gets its last hop."""
-        late = await self.acks.wait(last_stage, self.stage_timeout)
+        """Once every node the replan wrote has applied its last write (or the stage timeout
+        passed): flipped sources may move back, and each failure's trace gets its last hop."""
+        late = await self.acks.wait(last_writes, self.stage_timeout)
         await self._tell_reprotected(revision)
         await self._record_reprotection(events, reason, nodes, late)
 
@@ -589,7 +591,9 @@ class PathService:
                 break
             published += len(written)
             prior.update(written)
-            self._last_stage = {n: r for n, r in written.items() if n not in cut_off}
+            # Every node's last write, not the last stage's alone: a node nothing depends on
+            # may still be applying an earlier stage.
+            self._last_writes = {n: r for n, r in prior.items() if n not in cut_off}
             timings.append({"stage": stage, "nodes": len(written),
                             "ms": round((time.perf_counter() - begun) * 1000, 1)})  # fmt: skip
         return published
