@@ -68,20 +68,15 @@ def _device(end: EndPlan) -> state.Device:
     return state.Device(node=end.node, port=end.port, namespace=end.namespace, ifname=end.ifname)
 
 
-def _indexes(devices: list[state.Device]) -> dict[str | None, list[int]]:
-    """namespace -> the devices' ifindexes (one link dump per namespace)."""
-    found: dict[str | None, list[int]] = {}
-    for ns in dict.fromkeys(d.namespace for d in devices):
-        with Rtnl.open(ns) as handle:
-            links = handle.links()
-        found[ns] = [links[d.ifname].index for d in devices if d.namespace == ns]
-    return found
-
-
 def _set_admin(devices: list[state.Device], up: bool) -> None:
     """Every device up or down, as close together in time as the kernel allows (a whole
     switch fails at once, not port by port)."""
-    set_admin_at_once(_indexes(devices), up)
+    indexes: dict[str | None, list[int]] = {}
+    for ns in dict.fromkeys(d.namespace for d in devices):
+        with Rtnl.open(ns) as handle:
+            links = handle.links()
+        indexes[ns] = [links[d.ifname].index for d in devices if d.namespace == ns]
+    set_admin_at_once(indexes, up)
 
 
 def _detach(device: state.Device) -> None:
@@ -105,15 +100,16 @@ def _apply(record: state.FaultRecord) -> None:
         program = bpf.drop_all() if record.percent is None else bpf.drop_fraction(record.percent)
         fd = bpf.load(program, "thorn_drop" if record.percent is None else "thorn_loss")
     try:
-        drops = _indexes(record.filters)
-        for ns, indexes in drops.items():
-            with Rtnl.open(ns) as handle:
-                for index in indexes:
+        batches: dict[str | None, AtOnce] = {}
+        for ns in dict.fromkeys(d.namespace for d in [*record.filters, *record.admin_down]):
+            with Rtnl.open(ns) as handle:  # one handle and one link dump per namespace
+                links = handle.links()
+                drop = [links[d.ifname].index for d in record.filters if d.namespace == ns]
+                for index in drop:
                     handle.ensure_clsact(index)
                     handle.detach_ingress_bpf(index)  # a leftover from a lost record
-        downs = _indexes(record.admin_down)
-        batches = {ns: AtOnce(drop=drops.get(ns, ()), admin=downs.get(ns, ()))
-                   for ns in dict.fromkeys([*drops, *downs])}  # fmt: skip
+                admin = [links[d.ifname].index for d in record.admin_down if d.namespace == ns]
+            batches[ns] = AtOnce(drop=drop, admin=admin)
         try:
             program_ref = None if fd is None else (fd, "thorn-fault")
             change_at_once(batches, up=False, program=program_ref)

@@ -189,19 +189,7 @@ class Rtnl:
     def attach_ingress_bpf(self, index: int, prog_fd: int, name: str) -> None:
         """A direct-action BPF filter first in the ingress chain (pref 1, handle 1)."""
         self.ensure_clsact(index)
-        with _errors(f"attach {name} on link {index} in {self.namespace}"):
-            self._ipr.tc(
-                "add-filter",
-                "bpf",
-                index,
-                FAULT_HANDLE,
-                fd=prog_fd,
-                name=name,
-                parent=CLSACT_INGRESS,
-                direct_action=True,
-                prio=FAULT_PREF,
-                protocol=ETH_P_ALL,
-            )
+        change_at_once({self.namespace: AtOnce(drop=[index])}, program=(prog_fd, name))
 
     def detach_ingress_bpf(self, index: int) -> bool:
         """Remove the fault filter; False if there was none."""
@@ -304,8 +292,8 @@ def change_at_once(
             if batch.drop and program is None:
                 raise ValueError("drops need the program to attach")
             seq = itertools.count(1)  # an answer names the request it is for
-            requests = [_ingress_bpf_request(next(seq), i, *program) for i in batch.drop
-                        if program is not None]  # fmt: skip
+            requests = [_ingress_bpf_request(next(seq), i, *program)
+                        for i in batch.drop] if program is not None else []  # fmt: skip
             requests += [_admin_request(next(seq), i, up) for i in batch.admin]
             if not requests:
                 continue

@@ -591,11 +591,11 @@ class PathService:
                 break
             published += len(written)
             prior.update(written)
-            # Every node's last write, not the last stage's alone: a node nothing depends on
-            # may still be applying an earlier stage.
-            self._last_writes = {n: r for n, r in prior.items() if n not in cut_off}
             timings.append({"stage": stage, "nodes": len(written),
                             "ms": round((time.perf_counter() - begun) * 1000, 1)})  # fmt: skip
+        # Every node's last write, not the last stage's alone: a node nothing depends on may
+        # still be applying an earlier stage.
+        self._last_writes = {n: r for n, r in prior.items() if n not in cut_off}
         return published
 
     async def resync(self) -> int:
