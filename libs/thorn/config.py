@@ -36,6 +36,13 @@ class Settings(BaseSettings):
     emulated_fabric: bool = Field(
         True, description="thorn-run: build the fabric as a lab and program it (needs root)"
     )
+    start_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        le=3600,
+        description="thorn-run: how long each service may take to answer /healthz at start "
+        "(raise it on slow or emulated machines)",
+    )
     lab_agents: Literal["per-node", "one"] = Field(
         "one",
         description="thorn-run: one programmer process for the whole lab, or one per lab node "

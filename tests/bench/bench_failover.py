@@ -67,6 +67,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # baselines, thorn_system
+
 import baselines
 from rich.console import Console
 from rich.progress import Progress

@@ -45,3 +45,12 @@ def print_results(
         style = "green" if verdict == "met" else "red" if verdict.lower() == "missed" else ""
         verdicts.add_row(target, measured, f"[{style}]{verdict}[/]" if style else verdict)
     console.print(verdicts)
+
+
+def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A markdown table's lines."""
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + " --- |" * len(columns),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]

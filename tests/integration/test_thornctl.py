@@ -964,3 +964,27 @@ def test_since_takes_a_time_ago_or_passes_a_timestamp_to_the_api() -> None:
     assert since_value("7d", now) == "2026-11-24T10:00:00+00:00"
     assert since_value("2026-11-30T10:00:00Z", now) == "2026-11-30T10:00:00Z"
     assert since_value(None, now) is None
+
+
+# --- rdma -----------------------------------------------------------------------------------
+
+
+def test_rdma_probe_to_an_unknown_workload_names_it_and_exits_1(thornctl: Thornctl) -> None:
+    result = thornctl("rdma", "probe", "10.0.0.1", "nosuch-vf0")
+    assert result.exit_code == 1
+    assert "nosuch-vf0" in result.stderr and "not found" in result.stderr
+
+
+def test_rdma_probe_settings_out_of_range_are_a_usage_error_naming_the_option(
+    thornctl: Thornctl,
+) -> None:
+    result = thornctl("rdma", "probe", "10.0.0.1", "10.0.0.2", "--timeout", "32")
+    assert result.exit_code == 2
+    assert "--timeout" in result.stderr
+
+
+def test_rdma_probe_where_rdma_is_unavailable_says_why_and_exits_69(thornctl: Thornctl) -> None:
+    # No RDMA device on this machine carries 10.0.0.1 (the kernel lane runs real probes).
+    result = thornctl("rdma", "probe", "10.0.0.1", "10.0.0.2")
+    assert result.exit_code == 69
+    assert result.stderr.startswith("Error: RDMA unavailable: ")

@@ -24,6 +24,7 @@ Commands
     failovers list|show    failover timelines: each hop, its latency, whose clock (health)
     tokens list|create|revoke, audit
     lab up|down|status|fail|restore|traffic   the fabric lab in namespaces (docs/lab.md)
+    rdma probe|serve       an RC queue pair between two workloads, with NCCL's QP settings
 
 Exit codes (BSD sysexits where one fits)
     0   success
@@ -69,6 +70,7 @@ from thorn.cli.client import API, Client
 from thorn.cli.errors import CliError, ExitCode
 from thorn.cli.files import Document, InputFormat, load_document, write_text
 from thorn.cli.lab import lab_app
+from thorn.cli.rdma import rdma_app
 from thorn.cli.render import Out, OutputFormat, page_caption, to_json, to_yaml
 from thorn.model import AdminState, Role, TokenRole
 
@@ -129,6 +131,7 @@ app.add_typer(tokens_app, name="tokens")
 app.add_typer(failovers_app, name="failovers")
 app.add_typer(failovers_app, name="failover", hidden=True)
 app.add_typer(lab_app, name="lab")
+app.add_typer(rdma_app, name="rdma")
 
 
 @dataclass

@@ -1,5 +1,6 @@
-"""THORN as a user runs it, for the failover benchmark: `thorn-run` (what `make run` calls)
-in a subprocess, with its own data directory and lab prefix. Every service is its own
+"""THORN as a user runs it, for the failover benchmark and the kernel lane's RDMA proof:
+`thorn-run` (what `make run` calls) in a subprocess, with its own data directory and lab
+prefix. Every service is its own
 process over the embedded nats-server, and the programmer serves every lab node, exactly as
 on `make run`. The benchmark only seeds the store with its fabric before the start, reads
 `run.json` to find NATS and the services, and drives faults and traffic on the lab.
@@ -143,7 +144,11 @@ class RunningThorn:
 
 @asynccontextmanager
 async def thorn_run(
-    doc: FabricDocument, prefix: str, data: Path, env: Mapping[str, str]
+    doc: FabricDocument,
+    prefix: str,
+    data: Path,
+    env: Mapping[str, str],
+    start_timeout_s: float = START_TIMEOUT_S,
 ) -> AsyncIterator[RunningThorn]:
     """`thorn-run` on fabric `doc`, its lab named `prefix`, its data under `data`; `env`
     adds settings (THORN_*)."""
@@ -168,7 +173,7 @@ async def thorn_run(
     proc = await asyncio.to_thread(spawn)
     try:
         run_file = data / "run.json"
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + start_timeout_s
         while not run_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])

@@ -224,9 +224,8 @@ class Static:
         self.lab = lab
         self.layout = Layout.of(lab)
         self.routes = leaf_host_routes(self.layout)
-        spines = self.layout.spines
-        for k, host in enumerate(self.layout.hosts):
-            spine = spines[k % len(spines)]
+        for host in self.layout.hosts:
+            spine = self.spine_for(host.name)
             for leaf in self.layout.leaves:
                 if leaf != host.leaf:
                     up = self.layout.uplink(leaf, spine)
@@ -237,6 +236,11 @@ class Static:
             self.routes.setdefault(self.layout.namespaces[spine], []).append(
                 f"route replace {host.tep}/32 via {down.leaf_address} dev {down.spine_ifname}"
             )
+
+    def spine_for(self, host: str) -> str:
+        """The one spine every path toward `host`'s TEP crosses: host k's is spine k mod #spines."""
+        k = [h.name for h in self.layout.hosts].index(host)
+        return self.layout.spines[k % len(self.layout.spines)]
 
     def start(self) -> None:
         overlay(self.lab, self.layout)
