@@ -1052,6 +1052,7 @@ def failovers_show(
             ("pairs moved", shown["pairs_moved"]),
             ("gap", _gap(shown)),
             ("re-protected", _reprotected(shown)),
+            ("RC budget", _budget_line(shown)),
         ],
         title=f"Failover {shown['id']}",
     )
@@ -1079,11 +1080,23 @@ def failovers_show(
             ([v["tenant"], _declared(v["budget"], "nccl_ib_timeout"),
               _declared(v["budget"], "nccl_ib_retry_cnt"), v["status"], v["summary"]]
              for v in verdicts),
-            caption="RC budget of each tenant whose pairs it moved; (default): not declared,"
-            " NCCL's",
+            caption="each tenant whose pairs it moved, against its RC budget; (default): not"
+            " declared, NCCL's default applies",
         )  # fmt: skip
-    elif shown["tier"] != "reprotection":
-        out.note("no tenant's workloads on the pairs it moved: no RC budget verdict")
+
+
+_SEVERITY = ["unmeasured", "within_one_timeout", "retransmits", "exceeds_retry_budget"]
+
+
+def _budget_line(shown: dict[str, Any]) -> str:
+    """One line on the verdicts: how many tenants, and the worst status among them."""
+    verdicts: list[dict[str, Any]] = shown.get("rc_budget") or []
+    if shown["tier"] == "reprotection":
+        return "- (moved no pair)"
+    if not verdicts:
+        return "no tenant's workloads on the pairs it moved"
+    worst = max((v["status"] for v in verdicts), key=_SEVERITY.index)
+    return f"{len(verdicts)} tenant(s), worst: {worst} (below)"
 
 
 def _declared(budget: dict[str, Any], key: str) -> str:
