@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 import ipaddress
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from thorn.fabric import Fabric
 
 IB_TIME_UNIT_US = 4.096  # the IB spec's unit of the local ACK timeout
+MEMO_MAX = 100_000  # failovers whose tenants a `Tenancy` remembers
 
 
 def rc_timeout_ms(timeout: int) -> float:
@@ -310,6 +311,8 @@ class Tenancy:
         self._vnis_of_host: dict[str, set[int]] = {}
         self._hosts_of_vni: dict[int, set[str]] = {}
         self._teps: dict[int, list[tuple[int, str]]] = {4: [], 6: []}  # (address, host)
+        self._reachable: frozenset[str] = frozenset()
+        self._memo: dict[Hashable, frozenset[str]] = {}
         if fabric is not None:
             self._index(fabric)
 
@@ -324,6 +327,12 @@ class Tenancy:
             self._teps[tep.address.version].append((int(tep.address), tep.node))
         for points in self._teps.values():
             points.sort()
+        # Tenants with a VNI on two hosts or more: no failover can touch any other.
+        self._reachable = frozenset(
+            self._tenant_of_vni[v]
+            for v, hosts in self._hosts_of_vni.items()
+            if len(hosts) > 1 and v in self._tenant_of_vni
+        )
 
     def tenants_of_pair(self, source: str, peer: str) -> set[str]:
         """Tenants with a VNI on both hosts: the pair carries their traffic."""
@@ -350,15 +359,28 @@ class Tenancy:
         high = bisect.bisect_right(points, (int(net.broadcast_address), "\U0010ffff"))
         return {host for _, host in points[low:high]}
 
+    def tenants_of_once(self, key: Hashable, moves: Iterable[Move]) -> frozenset[str]:
+        """`tenants_of`, remembered under `key` (a failover and how much it moved) for as long
+        as this topology revision is in use: the gauges ask about the same failovers again
+        every refresh."""
+        found = self._memo.get(key)
+        if found is None:
+            if len(self._memo) >= MEMO_MAX:
+                self._memo.clear()
+            found = self._memo[key] = frozenset(self.tenants_of(moves))
+        return found
+
     def tenants_of(self, moves: Iterable[Move]) -> set[str]:
         """Tenants whose workloads' pairs these moves carried."""
         found: set[str] = set()
         for move in moves:
             if move.tier == "switch":  # peers are destination prefixes, from any source
-                for prefix in move.peers:
-                    for host in self.hosts_in(prefix):
-                        found |= self.tenants_toward(host)
+                hosts = (h for prefix in move.peers for h in self.hosts_in(prefix))
+                touched = (self.tenants_toward(h) for h in hosts)
             else:
-                for peer in move.peers:
-                    found |= self.tenants_of_pair(move.node, peer)
+                touched = (self.tenants_of_pair(move.node, peer) for peer in move.peers)
+            for tenants in touched:
+                found |= tenants
+                if len(found) == len(self._reachable):  # all there are: a big flip stops early
+                    return found
         return found

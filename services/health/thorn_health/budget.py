@@ -23,7 +23,8 @@ from thorn.rcbudget import (
     summarise,
     verdict,
 )
-from thorn_health.failovers import REPROTECTION, Timeline
+from thorn.store.failovers import FailoverRecord
+from thorn_health.failovers import REPROTECTION, Timeline, timeline
 
 RC_TIMEOUT = Gauge(
     "thorn_health_tenant_rc_timeout_seconds",
@@ -76,7 +77,8 @@ def tenants_touched(t: Timeline, tenancy: Tenancy) -> set[str]:
     """Tenants whose pairs the failover moved (none for a re-protection: it moved none)."""
     if t.tier == REPROTECTION:
         return set()
-    return {name for name in tenancy.tenants_of(moves(t)) if name in tenancy.budgets}
+    found = tenancy.tenants_of_once((t.id, t.pairs_moved, len(t.moved)), moves(t))
+    return {name for name in found if name in tenancy.budgets}
 
 
 def failover_verdicts(t: Timeline, tenancy: Tenancy) -> list[RcVerdict]:
@@ -86,6 +88,13 @@ def failover_verdicts(t: Timeline, tenancy: Tenancy) -> list[RcVerdict]:
         verdict(name, tenancy.budgets[name], t.gap_ms_upper_bound, reason)
         for name in sorted(tenants_touched(t, tenancy))
     ]
+
+
+def summaries_of_traces(
+    traces: Iterable[Sequence[FailoverRecord]], tenancy: Tenancy, only: str | None = None
+) -> list[TenantBudgetSummary]:
+    """`tenant_summaries` over stored traces (each trace's records, as the store gives them)."""
+    return tenant_summaries((timeline(t) for t in traces), tenancy, only)
 
 
 def tenant_summaries(

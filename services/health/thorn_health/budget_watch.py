@@ -18,8 +18,7 @@ import structlog
 from thorn.rcbudget import Tenancy, TenantBudgetSummary
 from thorn.store import Store
 from thorn.store.failovers import FailoverQuery
-from thorn_health.budget import export_metrics, tenant_summaries
-from thorn_health.failovers import timeline
+from thorn_health.budget import export_metrics, summaries_of_traces
 
 log = structlog.get_logger("thorn.health.budget")
 
@@ -51,8 +50,8 @@ class BudgetWatch:
         start = since if since is not None else self.clock() - WINDOW
         _, traces = await self.store.failover_page(FailoverQuery(since=start, limit=limit))
         tenancy = self.tenancy()  # the topology now: one snapshot for the whole answer
-        timelines = [timeline(t) for t in traces]
-        return tenant_summaries(timelines, tenancy, only)
+        # Off the event loop: a thousand timelines must not hold up agents' reports.
+        return await asyncio.to_thread(summaries_of_traces, traces, tenancy, only)
 
     async def refresh_metrics(self) -> None:
         self._exported = export_metrics(await self.summaries(), self._exported)
