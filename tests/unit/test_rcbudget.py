@@ -4,6 +4,9 @@ which tenants a failover's pairs carry."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -222,3 +225,24 @@ def test_a_switch_repair_touches_tenants_with_traffic_toward_the_hosts_in_its_pr
     assert tenancy.tenants_of([Move("spine1", "switch", ["10.0.1.0/30"])]) == {"a", "b"}
     assert tenancy.hosts_in("10.0.1.0/30") == {"h1", "h2", "h3"}
     assert tenancy.hosts_in("10.9.0.0/16") == set() and tenancy.hosts_in("not-a-prefix") == set()
+
+
+# --- the API's contract --------------------------------------------------------------------------
+
+
+def test_the_openapi_document_has_the_budget_fields_ranges_and_routes() -> None:
+    # The committed document (test_openapi_document checks it is exactly what the code serves).
+    document = json.loads((Path(__file__).parents[2] / "openapi/openapi.json").read_text())
+    schemas = document["components"]["schemas"]
+    for model in ("Tenant", "TenantUpdate"):
+        fields = schemas[model]["properties"]
+        timeout = fields["nccl_ib_timeout"]["anyOf"][0]
+        retry = fields["nccl_ib_retry_cnt"]["anyOf"][0]
+        assert (timeout["minimum"], timeout["maximum"]) == (1, 31), model
+        assert (retry["minimum"], retry["maximum"]) == (0, 7), model
+    assert "rc_budget" in schemas["TenantOut"]["properties"]
+    assert "rc_budget" in schemas["FailoverOut"]["properties"]
+    assert {"p99_ms", "warning", "summary"} <= set(schemas["TenantBudgetSummary"]["properties"])
+    assert {"/api/v1/failovers/budget", "/api/v1/failovers/budget/{tenant}"} <= set(
+        document["paths"]
+    )
