@@ -624,7 +624,7 @@ class Fabric:
 
     def update_tenant(self, name: str, update: TenantUpdate) -> list[Change]:
         old = self.tenant(name)
-        new = old.model_copy(update={"description": update.description})
+        new = old.model_copy(update=update.model_dump(exclude_unset=True))
         if new == old:
             return []
         self.tenants[name] = new

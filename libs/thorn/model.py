@@ -244,13 +244,47 @@ class LinkUpdate(Strict):
 # --- tenants, VNIs, workloads, TEPs ------------------------------------------------------
 
 
+# NCCL's own defaults (src/transport/net_ib.cc: IB_TIMEOUT 20 since NCCL 2.23, 18 before
+# that; IB_RETRY_CNT 7): what a tenant's jobs run with unless the admin declares otherwise.
+NCCL_DEFAULT_IB_TIMEOUT = 20
+NCCL_DEFAULT_IB_RETRY_CNT = 7
+IbTimeout = Annotated[
+    int,
+    Field(
+        ge=1,
+        le=31,
+        description="NCCL_IB_TIMEOUT of the tenant's jobs: one RC timeout is 4.096 us x 2^value;"
+        " 1-31 (0, the IB spec's infinite timeout, leaves no budget to judge); null: not"
+        f" declared, NCCL's default {NCCL_DEFAULT_IB_TIMEOUT} applies",
+    ),
+]
+IbRetryCnt = Annotated[
+    int,
+    Field(
+        ge=0,
+        le=7,
+        description="NCCL_IB_RETRY_CNT of the tenant's jobs: retransmissions before a queue"
+        f" pair fails, 0-7; null: not declared, NCCL's default {NCCL_DEFAULT_IB_RETRY_CNT}"
+        " applies",
+    ),
+]
+Description = Annotated[str, StringConstraints(max_length=1000)]
+
+
 class Tenant(Strict):
     name: Name
-    description: Annotated[str, StringConstraints(max_length=1000)] = ""
+    description: Description = ""
+    nccl_ib_timeout: IbTimeout | None = None
+    nccl_ib_retry_cnt: IbRetryCnt | None = None
 
 
 class TenantUpdate(Strict):
-    description: Annotated[str, StringConstraints(max_length=1000)]
+    """PATCH body: only the fields given change; null returns an NCCL value to undeclared
+    (NCCL's default)."""
+
+    description: Annotated[Description | None, BeforeValidator(_not_null)] = None
+    nccl_ib_timeout: IbTimeout | None = None
+    nccl_ib_retry_cnt: IbRetryCnt | None = None
 
 
 class Vni(Strict):

@@ -31,6 +31,7 @@ import structlog
 import uvicorn
 import yaml
 from fastapi import FastAPI
+from rc_tenants import fabric_of_two_tenants
 from standin_agents import StandInAgents
 from typer.testing import CliRunner, Result
 
@@ -955,6 +956,64 @@ def test_failovers_errors_name_the_option_or_the_id(thornctl: Thornctl, health_u
     elsewhere = thornctl("failovers", "list")
     assert elsewhere.exit_code == 1 and "--health-url" in elsewhere.stderr
     assert thornctl("failovers", "list", "--tier", "psychic").exit_code == 2
+
+
+def test_a_tenants_rc_budget_is_declared_and_its_failovers_judged_with_a_warning(
+    thornctl: Thornctl, thorn_url: str, health_url: str, nats_url: str
+) -> None:
+    api(thorn_url, "POST", "/fabric/import",
+        json=fabric_of_two_tenants().to_document().model_dump(mode="json"))  # fmt: skip
+    declared = ok(thornctl("tenants", "budget", "b", "--timeout", "10", "--retry-cnt", "7")).stdout
+    assert re.search(r"NCCL_IB_TIMEOUT\s+10\s", declared)
+    assert re.search(r"one RC timeout\s+4\.194 ms", declared)
+    listed = ok(thornctl("tenants", "list")).stdout
+    assert re.search(r"a\s+14\s+7 \(default\)\s+67\.109\s+536\.871", listed)
+    assert re.search(r"b\s+10\s+7\s+4\.194", listed)
+    # health follows the topology: wait until it judges with tenant b's declared budget
+    deadline = time.monotonic() + STARTUP
+    while True:
+        answer = httpx.get(f"{health_url}/api/v1/failovers/budget/b", headers=AS_ADMIN)
+        if answer.is_success and answer.json()["budget"]["nccl_ib_timeout"] == 10:
+            break
+        assert time.monotonic() < deadline, answer.text
+        time.sleep(0.05)
+
+    t0 = utcnow() - timedelta(minutes=5)
+    repair = FailoverEvent(  # leaf2 repaired its port toward h3 (tenant b's pairs) in 9 ms
+        node="leaf2", peers=["10.0.0.3/32"], from_colour=None, to_colour="backup",
+        at=t0 + timedelta(milliseconds=9), reason="carrier lost on swp1", tier="switch",
+        trace=Trace(id=new_trace_id()).then("detected", "leaf2", at=t0)
+        .then("agent_applied", "leaf2", at=t0 + timedelta(milliseconds=9)),
+    )  # fmt: skip
+    assert repair.trace is not None
+    publish(nats_url, repair)
+    health = ("--health-url", health_url)
+    while api(health_url, "GET", "/failovers", params={"node": "leaf2"})["total"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    shown = ok(thornctl(*health, "failovers", "show", repair.trace.id)).stdout
+    assert re.search(r"RC budget\s+1 tenant\(s\), worst: retransmits", shown)
+    assert re.search(r"b\s+10\s+7\s+retransmits\s+failover 9 ms = 215% of one RC timeout", shown)
+
+    budget = thornctl(*health, "failovers", "budget", "b")
+    assert budget.exit_code == 0, budget.stderr
+    assert re.search(r"b\s+10\s+7\s+4\.194\s+1\s+1\s+9\.000\s+9\.000\s+retransmits",
+                     budget.stdout)  # fmt: skip
+    assert "b: p99 failover 9 ms = 215% of one RC timeout at NCCL_IB_TIMEOUT=10" in budget.stdout
+    assert "warning: b: budget tighter than the measured p99" in budget.stderr
+    every = as_json(thornctl(*health, "-o", "json", "failovers", "budget", "--since", "1h"))
+    assert [(s["tenant"], s["failovers"]) for s in every["items"]] == [
+        ("a", 0), ("b", 1), ("c", 0), ("d", 0),
+    ]  # fmt: skip
+
+    undeclared = as_json(thornctl("-o", "json", "tenants", "budget", "b", "--timeout", "default"))
+    assert undeclared["nccl_ib_timeout"] is None
+    assert undeclared["rc_budget"]["nccl_ib_timeout"] == 20
+    out_of_range = thornctl("tenants", "budget", "b", "--timeout", "32")
+    assert out_of_range.exit_code == 1 and "nccl_ib_timeout" in out_of_range.stderr
+    assert api(thorn_url, "GET", "/tenants/b")["nccl_ib_timeout"] is None  # unchanged
+    assert thornctl("tenants", "budget", "b", "--timeout", "soon").exit_code == 2
+    assert thornctl("tenants", "budget", "b").exit_code == 2  # nothing to declare
 
 
 def test_since_takes_a_time_ago_or_passes_a_timestamp_to_the_api() -> None:

@@ -109,6 +109,9 @@ class Client:
     def post(self, path: str, json_body: Any = None, **params: QueryValue) -> Any:
         return self.request("POST", f"{API}{path}", params=params, json_body=json_body)
 
+    def patch(self, path: str, json_body: Any) -> Any:
+        return self.request("PATCH", f"{API}{path}", json_body=json_body)
+
     def delete(self, path: str, **params: QueryValue) -> Any:
         return self.request("DELETE", f"{API}{path}", params=params)
 

@@ -21,7 +21,10 @@ Commands
     nodes list|show|drain|undrain|status, links list|show|drain|undrain|status
                            (drain --wait: until it carries no more traffic)
     drains                 every drained link and node, and whether it still carries traffic
-    failovers list|show    failover timelines: each hop, its latency, whose clock (health)
+    failovers list|show    failover timelines: each hop, its latency, whose clock, and the
+                           verdict against each touched tenant's RC budget (health)
+    failovers budget       each tenant's RC budget against its recent failovers (p50, p99)
+    tenants list|show|budget   tenants and the NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT of their jobs
     tokens list|create|revoke, audit
     lab up|down|status|fail|restore|traffic   the fabric lab in namespaces (docs/lab.md)
     rdma probe|serve       an RC queue pair between two workloads, with NCCL's QP settings
@@ -128,6 +131,12 @@ app.add_typer(links_app, name="links")
 app.add_typer(nodes_app, name="node", hidden=True)  # `thornctl node drain NAME` reads well too
 app.add_typer(links_app, name="link", hidden=True)
 app.add_typer(tokens_app, name="tokens")
+tenants_app = typer.Typer(
+    help="Tenants and the RC budget (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT) of their jobs.",
+    no_args_is_help=True,
+)
+app.add_typer(tenants_app, name="tenants")
+app.add_typer(tenants_app, name="tenant", hidden=True)
 app.add_typer(failovers_app, name="failovers")
 app.add_typer(failovers_app, name="failover", hidden=True)
 app.add_typer(lab_app, name="lab")
@@ -1046,6 +1055,7 @@ def failovers_show(
             ("pairs moved", shown["pairs_moved"]),
             ("gap", _gap(shown)),
             ("re-protected", _reprotected(shown)),
+            ("RC budget", _budget_line(shown)),
         ],
         title=f"Failover {shown['id']}",
     )
@@ -1065,6 +1075,181 @@ def failovers_show(
         ([m["node"], m["peers"], m["from_colour"], m["to_colour"], m["tier"],
           f"{m['kernel_ms']:.3f}"] for m in shown["moved"]),
     )  # fmt: skip
+    verdicts: list[dict[str, Any]] = shown.get("rc_budget") or []
+    if verdicts:
+        out.line()
+        out.table(
+            ["TENANT", "NCCL_IB_TIMEOUT", "RETRY_CNT", "STATUS", "VERDICT"],
+            ([v["tenant"], _declared(v["budget"], "nccl_ib_timeout"),
+              _declared(v["budget"], "nccl_ib_retry_cnt"), v["status"], v["summary"]]
+             for v in verdicts),
+            caption="each tenant whose pairs it moved, against its RC budget; (default): not"
+            " declared, NCCL's default applies",
+        )  # fmt: skip
+
+
+_SEVERITY = ["unmeasured", "within_one_timeout", "retransmits", "exceeds_retry_budget"]
+
+
+def _budget_line(shown: dict[str, Any]) -> str:
+    """One line on the verdicts: how many tenants, and the worst status among them."""
+    verdicts: list[dict[str, Any]] = shown.get("rc_budget") or []
+    if shown["tier"] == "reprotection":
+        return "- (moved no pair)"
+    if not verdicts:
+        return "no tenant's workloads on the pairs it moved"
+    worst = max((v["status"] for v in verdicts), key=_SEVERITY.index)
+    return f"{len(verdicts)} tenant(s), worst: {worst} (below)"
+
+
+def _declared(budget: dict[str, Any], key: str) -> str:
+    """A budget value, marked when it is NCCL's default rather than declared."""
+    return f"{budget[key]}" if budget[f"{key}_declared"] else f"{budget[key]} (default)"
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@failovers_app.command("budget")
+def failovers_budget(
+    ctx: typer.Context,
+    tenant: Annotated[
+        str | None, typer.Argument(help="One tenant (default: every tenant).", show_default=False)
+    ] = None,
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Failovers started after: 15m, 2h, 7d ago, or ISO 8601."),
+    ] = None,
+    failovers: Annotated[
+        int | None,
+        typer.Option("--failovers", min=1, max=10_000, help="At most this many, the newest."),
+    ] = None,
+) -> None:
+    """Each tenant's RC budget against the failovers that touched it (default: the last 7
+    days): p50, p99, and a warning when the budget is tighter than the p99."""
+    state = _state(ctx)
+    params: dict[str, Any] = {"since": since_value(since), "failovers": failovers}
+    if tenant is not None:
+        items = [state.health.get(f"/failovers/budget/{quote(tenant, safe='')}", **params)]
+        shown: Any = items[0]
+    else:
+        shown = _page(state, "/failovers/budget", None, None, True, api=state.health, **params)
+        items = shown["items"]
+    if state.out.data(shown):
+        return
+    state.out.table(
+        ["TENANT", "NCCL_IB_TIMEOUT", "RETRY_CNT", "RC TIMEOUT MS", "FAILOVERS", "MEASURED",
+         "P50 MS", "P99 MS", "STATUS"],
+        ([s["tenant"], _declared(s["budget"], "nccl_ib_timeout"),
+          _declared(s["budget"], "nccl_ib_retry_cnt"), f"{s['budget']['rc_timeout_ms']:.3f}",
+          s["failovers"], s["measured"], _ms(s["p50_ms"]), _ms(s["p99_ms"]), s["status"]]
+         for s in items),
+        caption="(default): not declared, NCCL's default applies",
+    )  # fmt: skip
+    for s in items:
+        state.out.line(f"{s['tenant']}: {s['summary']}")
+    for s in items:
+        if s["warning"]:
+            state.out.warn(f"{s['tenant']}: {s['warning']}")
+
+
+# --- tenants -----------------------------------------------------------------------------------
+
+
+def _tenant_rows(t: dict[str, Any]) -> list[Any]:
+    budget = t["rc_budget"]
+    return [t["name"], _declared(budget, "nccl_ib_timeout"),
+            _declared(budget, "nccl_ib_retry_cnt"), f"{budget['rc_timeout_ms']:.3f}",
+            f"{budget['retry_budget_ms']:.3f}", t["description"]]  # fmt: skip
+
+
+_TENANT_COLUMNS = [
+    "NAME", "NCCL_IB_TIMEOUT", "RETRY_CNT", "RC TIMEOUT MS", "RETRY BUDGET MS", "DESCRIPTION"
+]  # fmt: skip
+
+
+@tenants_app.command("list")
+def tenants_list(
+    ctx: typer.Context, limit: Limit = None, offset: Offset = None, everything: All = False
+) -> None:
+    """Tenants with the RC budget of their jobs ((default): not declared, NCCL's)."""
+    state = _state(ctx)
+    page = _page(state, "/tenants", limit, offset, everything)
+    if state.out.data(page):
+        return
+    state.out.table(
+        _TENANT_COLUMNS, (_tenant_rows(t) for t in page["items"]),
+        caption=page_caption(page, "tenants"),
+    )  # fmt: skip
+
+
+@tenants_app.command("show")
+def tenants_show(ctx: typer.Context, name: Annotated[str, typer.Argument()]) -> None:
+    """One tenant and its RC budget."""
+    state = _state(ctx)
+    shown: dict[str, Any] = state.client.get(f"/tenants/{quote(name, safe='')}")
+    if not state.out.data(shown):
+        _show_tenant(state.out, shown)
+
+
+def _show_tenant(out: Out, t: dict[str, Any]) -> None:
+    budget = t["rc_budget"]
+    out.fields(
+        [
+            ("description", t["description"]),
+            ("NCCL_IB_TIMEOUT", _declared(budget, "nccl_ib_timeout")),
+            ("NCCL_IB_RETRY_CNT", _declared(budget, "nccl_ib_retry_cnt")),
+            ("one RC timeout", f"{budget['rc_timeout_ms']:.3f} ms"),
+            ("last retransmission", f"{budget['last_retransmission_ms']:.3f} ms after a loss"),
+            ("retry budget", f"{budget['retry_budget_ms']:.3f} ms (then IBV_WC_RETRY_EXC_ERR)"),
+        ],
+        title=f"Tenant {t['name']}",
+    )
+
+
+def budget_value(raw: str | None, option: str) -> int | str | None:
+    """--timeout / --retry-cnt: a whole number, or `default` (undeclared: NCCL's default).
+    None: not given. The server checks the range and names the field."""
+    if raw is None:
+        return None
+    text = raw.strip().lower()
+    if text == "default":
+        return "default"
+    if not _INT.fullmatch(text):
+        raise typer.BadParameter(f"'{raw}' is not a whole number or 'default'", param_hint=option)
+    return int(text)
+
+
+@tenants_app.command("budget")
+def tenants_budget(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument()],
+    timeout: Annotated[
+        str | None,
+        typer.Option("--timeout", metavar="N|default", help="NCCL_IB_TIMEOUT of its jobs, 1-31."),
+    ] = None,
+    retry_cnt: Annotated[
+        str | None,
+        typer.Option("--retry-cnt", metavar="N|default", help="NCCL_IB_RETRY_CNT, 0-7."),
+    ] = None,
+) -> None:
+    """Declare the NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT a tenant's jobs run with (admin role);
+    `default` returns one to undeclared (NCCL's default)."""
+    state = _state(ctx)
+    body: dict[str, Any] = {}
+    for key, raw, option in (
+        ("nccl_ib_timeout", timeout, "--timeout"),
+        ("nccl_ib_retry_cnt", retry_cnt, "--retry-cnt"),
+    ):
+        value = budget_value(raw, option)
+        if value is not None:
+            body[key] = None if value == "default" else value
+    if not body:
+        raise typer.BadParameter("give --timeout, --retry-cnt or both", param_hint="--timeout")
+    shown: dict[str, Any] = state.client.patch(f"/tenants/{quote(name, safe='')}", body)
+    if not state.out.data(shown):
+        _show_tenant(state.out, shown)
 
 
 # --- tokens and audit ------------------------------------------------------------------------

@@ -85,6 +85,9 @@ class TenantRow(Base):
     __tablename__ = "tenants"
     name: Mapped[str] = mapped_column(String(NAME), primary_key=True)
     description: Mapped[str] = mapped_column(String(1000))
+    # The RC budget its jobs run with; null: not declared (NCCL's default applies).
+    nccl_ib_timeout: Mapped[int | None] = mapped_column(Integer)
+    nccl_ib_retry_cnt: Mapped[int | None] = mapped_column(Integer)
 
 
 class VniRow(Base):

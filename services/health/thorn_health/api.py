@@ -1,12 +1,13 @@
 """REST routes of the health service, under /api/v1/health: links' health, the failure
-history and BFD sessions; under /api/v1/failovers: the failover timelines. Read-only
-(viewer)."""
+history and BFD sessions; under /api/v1/failovers: the failover timelines, each with its
+verdict against the RC budgets of the tenants it touched, and each tenant's budget against its
+recent failovers (/api/v1/failovers/budget). Read-only (viewer)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
@@ -14,10 +15,12 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from thorn.auth import Viewer
 from thorn.fabric import NotFound
 from thorn.model import PortRef
+from thorn.rcbudget import RcVerdict, Tenancy, TenantBudgetSummary
 from thorn.store.failovers import FailoverQuery
 from thorn.store.health import Failure, FailureQuery
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
-from thorn_health.failovers import timeline
+from thorn_health.budget import failover_verdicts
+from thorn_health.failovers import Timeline, timeline
 from thorn_health.service import HealthService
 
 
@@ -258,6 +261,11 @@ class FailoverOut(BaseModel):
         "(every node it rewrote applied it), both on pathcomp's clock; null: not recorded",
     )
     reprotected_nodes: int = Field(0, description="nodes the re-protection rewrote")
+    rc_budget: list[RcVerdict] = Field(
+        default_factory=list,
+        description="the failover against the RC budget of each tenant whose workloads' pairs"
+        " it moved (tenants as the topology is now); empty for a re-protection",
+    )
 
 
 class FailoverHopOut(BaseModel):
@@ -315,8 +323,63 @@ async def list_failovers(
         limit=page.limit, offset=page.offset,
     )  # fmt: skip
     total, traces = await service.store.failover_page(query)
-    items = [FailoverOut.model_validate(timeline(t)) for t in traces]
+    tenancy = service.tenancy
+    items = [_failover_out(FailoverOut, timeline(t), tenancy) for t in traces]
     return Page(items=items, total=total, limit=page.limit, offset=page.offset)
+
+
+Out = TypeVar("Out", bound=FailoverOut)
+
+
+def _failover_out(cls: type[Out], t: Timeline, tenancy: Tenancy) -> Out:
+    out = cls.model_validate(t)
+    out.rc_budget = failover_verdicts(t, tenancy)
+    return out
+
+
+BudgetSince = Annotated[
+    AwareDatetime | None,
+    Query(description="failovers started at or after (default: 7 days ago)"),
+]
+BudgetLimit = Annotated[
+    int, Query(ge=1, le=10_000, description="at most this many failovers, the newest")
+]
+
+
+@failover_router.get(
+    "/budget",
+    response_model=Page[TenantBudgetSummary],
+    summary="Each tenant's RC budget against its recent failovers (p50, p99, warning)",
+)
+async def list_budgets(
+    _: Viewer,
+    service: Service,
+    page: PageQuery,
+    since: BudgetSince = None,
+    failovers: BudgetLimit = 1000,
+) -> Page[TenantBudgetSummary]:
+    summaries = await service.budgets.summaries(since, failovers)
+    return paginate(summaries, page)
+
+
+@failover_router.get(
+    "/budget/{tenant}",
+    response_model=TenantBudgetSummary,
+    summary="One tenant's RC budget against its recent failovers",
+)
+async def get_budget(
+    _: Viewer,
+    service: Service,
+    tenant: Annotated[str, Path(min_length=1, max_length=63, description="a tenant's name")],
+    since: BudgetSince = None,
+    failovers: BudgetLimit = 1000,
+) -> TenantBudgetSummary:
+    if tenant not in service.tenancy.budgets:
+        raise NotFound(f"tenant {tenant!r} not found in the topology health follows")
+    found = await service.budgets.summaries(since, failovers, only=tenant)
+    if not found:  # deleted between the check and the read
+        raise NotFound(f"tenant {tenant!r} not found in the topology health follows")
+    return found[0]
 
 
 @failover_router.get(
@@ -332,4 +395,4 @@ async def get_failover(
     records = await service.store.failover_trace(failover_id)
     if not records:
         raise NotFound(f"failover {failover_id!r} not found")
-    return FailoverDetailOut.model_validate(timeline(records))
+    return _failover_out(FailoverDetailOut, timeline(records), service.tenancy)

@@ -40,8 +40,10 @@ from thorn.events import (
     Trace,
     new_trace_id,
 )
+from thorn.rcbudget import Tenancy
 from thorn.store import Store
 from thorn.store.health import HealthRecord, LinkStateRecord
+from thorn_health.budget_watch import BudgetWatch
 from thorn_health.core import HealthCore, LinkEnds, Origin, Outcome, links_of
 from thorn_health.linkstate import HealthConfig, Transition
 from thorn_health.recorder import FailoverRecorder
@@ -142,6 +144,9 @@ class HealthService:
         self._written = asyncio.Event()
         # Failover history: every replica writes it (idempotent), see recorder.py.
         self.failovers = FailoverRecorder(store, bus)
+        # Tenants' RC budgets and which pairs carry whose traffic, from the topology.
+        self.tenancy = Tenancy()
+        self.budgets = BudgetWatch(store, lambda: self.tenancy)
 
     # --- life -----------------------------------------------------------------------------
 
@@ -156,6 +161,7 @@ class HealthService:
         await self._load_machines()
         self._refresher = asyncio.create_task(self._refresh(), name="health-refresh")
         await self.failovers.start()
+        self.budgets.start()
         log.info("health_standby", links=len(self.core.links), revision=self.revision)
 
     async def lead(self) -> None:
@@ -208,6 +214,7 @@ class HealthService:
         if self._refresher is not None:
             self._refresher.cancel()
             await asyncio.wait([self._refresher], timeout=5.0)
+        await self.budgets.stop()
         await self.failovers.stop()
 
     async def _load_machines(self, *, publish: bool = False) -> Outcome:
@@ -293,6 +300,7 @@ class HealthService:
                 return
             self.revision = fabric.revision
             self.links = links_of(fabric)
+            self.tenancy = Tenancy(fabric)
             outcome = self.core.set_topology(self.links, self.clock())
             if self.leading:
                 await self._publish(outcome.transitions)

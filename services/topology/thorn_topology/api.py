@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from thorn import clab, generators
 from thorn.auth import Admin, Operator, Viewer, hash_token, new_token
@@ -37,6 +37,7 @@ from thorn.model import (
     Vni,
     Workload,
 )
+from thorn.rcbudget import RcBudget
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
 from thorn_topology.service import TopologyService
 
@@ -442,14 +443,32 @@ async def delete_link(principal: Admin, service: Service, link_id: int) -> Write
 # --- tenants, VNIs, workloads, TEPs ------------------------------------------------------
 
 
-@router.get("/tenants", tags=["tenants"], response_model=Page[Tenant])
-async def list_tenants(_: Viewer, service: Service, page: PageQuery) -> Page[Tenant]:
+class TenantOut(Tenant):
+    """A tenant as declared, with the RC budget in effect for its jobs."""
+
+    rc_budget: RcBudget = Field(
+        description="the NCCL values in effect (declared, or NCCL's defaults: the `*_declared`"
+        " flags say which) and what they allow a failover"
+    )
+
+    @classmethod
+    def of(cls, tenant: Tenant) -> TenantOut:
+        budget = RcBudget.of(tenant.nccl_ib_timeout, tenant.nccl_ib_retry_cnt)
+        return cls(**tenant.model_dump(), rc_budget=budget)
+
+
+@router.get("/tenants", tags=["tenants"], response_model=Page[TenantOut])
+async def list_tenants(_: Viewer, service: Service, page: PageQuery) -> Page[TenantOut]:
     items = await _read(service, lambda f: list(f.tenants.values()))
-    return paginate(_sorted(items, lambda t: t.name), page)
+    chosen = paginate(_sorted(items, lambda t: t.name), page)
+    return Page(
+        items=[TenantOut.of(t) for t in chosen.items], total=chosen.total, limit=chosen.limit,
+        offset=chosen.offset,
+    )  # fmt: skip
 
 
-@router.post("/tenants", tags=["tenants"], response_model=Tenant, status_code=201)
-async def create_tenant(principal: Admin, service: Service, tenant: Tenant) -> Tenant:
+@router.post("/tenants", tags=["tenants"], response_model=TenantOut, status_code=201)
+async def create_tenant(principal: Admin, service: Service, tenant: Tenant) -> TenantOut:
     await service.write(
         principal,
         "tenant.create",
@@ -457,26 +476,28 @@ async def create_tenant(principal: Admin, service: Service, tenant: Tenant) -> T
         lambda f: f.add_tenant(tenant),
         tenant.model_dump(mode="json"),
     )
-    return tenant
+    return TenantOut.of(tenant)
 
 
-@router.get("/tenants/{name}", tags=["tenants"], response_model=Tenant)
-async def get_tenant(_: Viewer, service: Service, name: str) -> Tenant:
-    return await _read(service, lambda f: f.tenant(name))
+@router.get("/tenants/{name}", tags=["tenants"], response_model=TenantOut)
+async def get_tenant(_: Viewer, service: Service, name: str) -> TenantOut:
+    return TenantOut.of(await _read(service, lambda f: f.tenant(name)))
 
 
-@router.patch("/tenants/{name}", tags=["tenants"], response_model=Tenant)
+@router.patch("/tenants/{name}", tags=["tenants"], response_model=TenantOut)
 async def update_tenant(
     principal: Admin, service: Service, name: str, update: TenantUpdate
-) -> Tenant:
+) -> TenantOut:
+    """Change the given fields; `null` returns `nccl_ib_timeout` or `nccl_ib_retry_cnt` to
+    undeclared (NCCL's default). Out-of-range values are a 422 naming the field."""
     await service.write(
         principal,
         "tenant.update",
         name,
         lambda f: f.update_tenant(name, update),
-        update.model_dump(mode="json"),
+        update.model_dump(mode="json", exclude_unset=True),
     )
-    return await _read(service, lambda f: f.tenant(name))
+    return TenantOut.of(await _read(service, lambda f: f.tenant(name)))
 
 
 @router.delete("/tenants/{name}", tags=["tenants"], response_model=WriteResult)
