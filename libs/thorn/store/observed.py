@@ -60,16 +60,10 @@ def _utc(value: datetime | None) -> datetime | None:
 
 
 async def read_observed(conn: AsyncConnection) -> list[ObservedRecord]:
-    rows = (await conn.execute(select(ObservedNodeRow).order_by(ObservedNodeRow.node))).scalars()
+    query = select(ObservedNodeRow.__table__).order_by(ObservedNodeRow.node)
+    rows = (await conn.execute(query)).mappings()
     return [
-        ObservedRecord(
-            node=r.node,
-            run=r.run,
-            seq=r.seq,
-            received_at=_utc(r.received_at),
-            observed=r.observed,
-            refused_at=_utc(r.refused_at),
-            refused_error=r.refused_error,
-        )
+        ObservedRecord(**{**r, "received_at": _utc(r["received_at"]),
+                            "refused_at": _utc(r["refused_at"])})
         for r in rows
-    ]
+    ]  # fmt: skip
