@@ -8,6 +8,7 @@ host1..4 each run workload `<host>-vf0` on VF vf0.
 from __future__ import annotations
 
 import pytest
+from observations import hears, host1, rdma_on
 
 from thorn.fabric import Fabric, NotFound
 from thorn.generators import leaf_spine
@@ -16,10 +17,7 @@ from thorn.observed import (
     NodeObservation,
     ObservedPort,
     ObservedVf,
-    RdmaDevice,
-    RdmaGid,
     RdmaObservation,
-    RdmaPort,
 )
 from thorn.registration import cabling, mismatches, next_miscabled, refusal
 from thorn_pathcomp.graph import FabricGraph
@@ -31,73 +29,52 @@ def fabric() -> Fabric:
     return Fabric.from_document(leaf_spine(2, 2, 2))
 
 
-def host1_as_declared(**changes: object) -> NodeObservation:
-    """host1 exactly as declared: eth1 with its MAC and address, vf0 behind vf0_rep."""
-    observed = NodeObservation(
-        ports=[
-            ObservedPort(name="eth1", mac="02:00:00:00:00:01", admin_up=True, carrier=True,
-                         addresses=["10.0.0.0/31"]),  # type: ignore[list-item]
-            ObservedPort(name="vf0_rep", mac="aa:00:00:00:00:01", kind="veth", admin_up=True,
-                         carrier=True),
-        ],
-        vfs=[ObservedVf(name="vf0", representor="vf0_rep")],
-    )  # fmt: skip
-    return observed.model_copy(update=changes)
-
-
-def rdma_on(netdev: str) -> RdmaObservation:
-    gid = RdmaGid(index=1, gid="::ffff:100.64.0.1", type="RoCE v2", netdev=netdev)
-    port = RdmaPort(port=1, state="active", link_layer="ethernet", gids=[gid])
-    return RdmaObservation(devices=[RdmaDevice(name="rxe0", netdev=netdev, ports=[port])])
-
-
-def hears(node: str, port: str, chassis: str, port_id: str) -> dict[str, NodeObservation]:
-    return {node: NodeObservation(neighbours=[HeardNeighbour(port=port, chassis=chassis,
-                                                             port_id=port_id)])}  # fmt: skip
+def on(node: str, observed: NodeObservation) -> dict[str, NodeObservation]:
+    return {node: observed}
 
 
 # --- refusals (bad input) ---------------------------------------------------------------------
 
 
 def test_a_node_as_declared_is_taken_and_matches(fabric: Fabric) -> None:
-    observed = host1_as_declared(rdma=rdma_on("vf0"))
+    observed = host1(rdma=rdma_on("vf0"))
     assert refusal(fabric, "host1", observed) is None
     assert mismatches(fabric, "host1", observed) == []
 
 
 def test_a_registration_from_a_node_not_in_the_topology_is_refused(fabric: Fabric) -> None:
-    why = refusal(fabric, "host99", host1_as_declared())
+    why = refusal(fabric, "host99", host1())
     assert why is not None and "'host99' is not in the topology" in why
 
 
 def test_a_vf_naming_no_existing_device_is_refused_naming_the_field(fabric: Fabric) -> None:
-    observed = host1_as_declared(vfs=[ObservedVf(name="vf0", representor="vf9_rep")])
+    observed = host1(vfs=[ObservedVf(name="vf0", representor="vf9_rep")])
     why = refusal(fabric, "host1", observed)
     assert why is not None and why.startswith("vfs[0].representor:")
     assert "'vf9_rep'" in why
-    parentless = host1_as_declared(vfs=[ObservedVf(name="vf0", parent="ens9")])
+    parentless = host1(vfs=[ObservedVf(name="vf0", parent="ens9")])
     assert (refusal(fabric, "host1", parentless) or "").startswith("vfs[0].parent:")
 
 
 def test_an_rdma_device_on_a_netdev_the_topology_does_not_know_is_refused(
     fabric: Fabric,
 ) -> None:
-    why = refusal(fabric, "host1", host1_as_declared(rdma=rdma_on("eth9")))
+    why = refusal(fabric, "host1", host1(rdma=rdma_on("eth9")))
     assert why is not None and why.startswith("rdma.devices[0].netdev:")
     assert "'rxe0'" in why and "'eth9'" in why
 
 
 def test_an_rdma_device_on_a_declared_port_or_a_workloads_vf_is_taken(fabric: Fabric) -> None:
-    assert refusal(fabric, "host1", host1_as_declared(rdma=rdma_on("eth1"))) is None
-    assert refusal(fabric, "host1", host1_as_declared(rdma=rdma_on("vf0_rep"))) is None
+    assert refusal(fabric, "host1", host1(rdma=rdma_on("eth1"))) is None
+    assert refusal(fabric, "host1", host1(rdma=rdma_on("vf0_rep"))) is None
     # host2's VF is not host1's: a netdev is known per node
-    assert refusal(fabric, "host2", host1_as_declared(rdma=rdma_on("vf0"))) is None
+    assert refusal(fabric, "host2", host1(rdma=rdma_on("vf0"))) is None
     fabric.delete_workload("host2-vf0")
-    assert refusal(fabric, "host2", host1_as_declared(rdma=rdma_on("vf0"))) is not None
+    assert refusal(fabric, "host2", host1(rdma=rdma_on("vf0"))) is not None
 
 
 def test_rdma_unavailable_is_not_bad_input(fabric: Fabric) -> None:
-    observed = host1_as_declared(rdma=RdmaObservation(unavailable="RDMA unavailable: no"))
+    observed = host1(rdma=RdmaObservation(unavailable="RDMA unavailable: no"))
     assert refusal(fabric, "host1", observed) is None
 
 
@@ -118,7 +95,7 @@ def test_a_missing_port_a_wrong_mac_and_an_absent_vf_are_each_reported(fabric: F
 
 
 def test_a_port_without_its_declared_address_is_reported(fabric: Fabric) -> None:
-    observed = host1_as_declared(ports=[
+    observed = host1(ports=[
         ObservedPort(name="eth1", mac="02:00:00:00:00:01", admin_up=True, carrier=True),
         ObservedPort(name="vf0_rep", admin_up=True, carrier=True),
     ])  # fmt: skip
@@ -128,12 +105,12 @@ def test_a_port_without_its_declared_address_is_reported(fabric: Fabric) -> None
 
 
 def test_a_vf_seen_only_by_its_representor_is_present(fabric: Fabric) -> None:
-    observed = host1_as_declared(vfs=[])  # vf0_rep is still among the ports
+    observed = host1(vfs=[])  # vf0_rep is still among the ports
     assert mismatches(fabric, "host1", observed) == []
 
 
 def test_a_neighbour_heard_on_a_port_in_no_link_is_reported(fabric: Fabric) -> None:
-    observed = host1_as_declared(neighbours=[
+    observed = host1(neighbours=[
         HeardNeighbour(port="vf0_rep", chassis="host2", port_id="eth1"),
     ])  # fmt: skip
     assert [(m.kind, m.observed) for m in mismatches(fabric, "host1", observed)] == [
@@ -155,7 +132,7 @@ def test_links_nobody_heard_are_unverified_and_stay_usable(fabric: Fabric) -> No
 
 
 def test_one_end_hearing_the_declared_peer_verifies_the_link(fabric: Fabric) -> None:
-    states = verdicts_by_link(fabric, hears("leaf1", "swp3", "spine1", "swp1"))
+    states = verdicts_by_link(fabric, on("leaf1", hears("swp3", "spine1", "swp1")))
     assert states[5] == "verified"
     assert {s for i, s in states.items() if i != 5} == {"unverified"}
 
@@ -177,8 +154,8 @@ def test_swapped_cables_mark_both_links_miscabled_with_what_was_heard(fabric: Fa
 
 
 def test_a_contradiction_at_either_end_outweighs_a_match_at_the_other(fabric: Fabric) -> None:
-    observations = hears("leaf1", "swp3", "spine1", "swp1") | hears(
-        "spine1", "swp1", "leaf2", "swp3"
+    observations = on("leaf1", hears("swp3", "spine1", "swp1")) | on(
+        "spine1", hears("swp1", "leaf2", "swp3")
     )
     assert verdicts_by_link(fabric, observations)[5] == "miscabled"
 
@@ -188,7 +165,7 @@ def test_a_miscabled_link_stays_out_while_silent_and_returns_once_heard_right(
 ) -> None:
     current = {5: "leaf1:swp3 hears spine1:swp2, not spine1:swp1"}
     assert next_miscabled(current, cabling(fabric, {})) == {}  # silence changes nothing
-    fixed = cabling(fabric, hears("leaf1", "swp3", "spine1", "swp1"))
+    fixed = cabling(fabric, on("leaf1", hears("swp3", "spine1", "swp1")))
     assert next_miscabled(current, fixed) == {5: None}
 
 
@@ -204,7 +181,7 @@ def test_port_names_that_are_not_interface_names_match_by_their_netdev() -> None
                 link[end]["port"] = "Ethernet1/1"
     fabric = Fabric.from_document(type(leaf_spine(1, 1, 1)).model_validate(doc))
     uplink = next(i for i, lk in fabric.links.items() if lk.b.node == "spine1")
-    states = verdicts_by_link(fabric, hears("leaf1", "swp2", "spine1", "Ethernet1_1"))
+    states = verdicts_by_link(fabric, on("leaf1", hears("swp2", "spine1", "Ethernet1_1")))
     assert states[uplink] == "verified"
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
+from observations import hears, host1, rdma_on
 from test_pathcomp_drains import ADMIN as DRAINS_ADMIN
 from test_pathcomp_drains import VIEWER, Controller, running
 from test_pathcomp_drains import auth as bearer
@@ -27,16 +28,7 @@ from thorn.config import Settings
 from thorn.events import AgentRegistration, RegistrationReply, agent_register_subject, utcnow
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
-from thorn.observed import (
-    HeardNeighbour,
-    NodeObservation,
-    ObservedPort,
-    ObservedVf,
-    RdmaDevice,
-    RdmaGid,
-    RdmaObservation,
-    RdmaPort,
-)
+from thorn.observed import NodeObservation, ObservedPort, ObservedVf
 from thorn.store import Store
 from thorn_topology.app import create_app
 
@@ -69,26 +61,6 @@ async def topology(store: Store, nats_url: str, tmp_path: Path) -> AsyncIterator
                 yield Topology(client, bus, store)
     finally:
         await bus.close()
-
-
-def host1(**changes: Any) -> NodeObservation:
-    """host1 as declared: eth1 with its MAC and address, vf0 behind vf0_rep."""
-    observed = NodeObservation(
-        ports=[
-            ObservedPort(name="eth1", mac="02:00:00:00:00:01", admin_up=True, carrier=True,
-                         speed_mbps=10000, addresses=["10.0.0.0/31"]),  # type: ignore[list-item]
-            ObservedPort(name="vf0_rep", kind="veth", admin_up=True, carrier=True),
-        ],
-        vfs=[ObservedVf(name="vf0", representor="vf0_rep")],
-        rdma=RdmaObservation(unavailable="RDMA unavailable: Failed to get devices list"),
-    )  # fmt: skip
-    return observed.model_copy(update=changes)
-
-
-def rdma_on(netdev: str) -> RdmaObservation:
-    gid = RdmaGid(index=1, gid="::ffff:100.64.0.1", type="RoCE v2", netdev=netdev)
-    port = RdmaPort(port=1, state="active", link_layer="ethernet", gids=[gid])
-    return RdmaObservation(devices=[RdmaDevice(name="rxe0", netdev=netdev, ports=[port])])
 
 
 async def register(
@@ -197,10 +169,6 @@ async def test_a_malformed_registration_is_answered_with_what_is_wrong(topology:
 
 
 # --- the cabling check and path computation -------------------------------------------------------
-
-
-def hears(port: str, chassis: str, port_id: str) -> NodeObservation:
-    return NodeObservation(neighbours=[HeardNeighbour(port=port, chassis=chassis, port_id=port_id)])
 
 
 async def cabling(controller: Controller) -> dict[int, dict[str, Any]]:
