@@ -404,7 +404,10 @@ class _WriteTransaction:
     """`async with` one write transaction; a unique-constraint hit becomes a FabricError."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+        # SQLite: take the write lock at BEGIN. A deferred transaction that reads first and
+        # then writes cannot wait for another writer (SQLite refuses the upgrade at once:
+        # "database is locked", seen with the bootstrap token beside health's writer).
+        self._engine = engine.execution_options(thorn_write=True)
         self._ctx: Any = None
 
     async def __aenter__(self) -> AsyncConnection:
@@ -547,4 +550,5 @@ def _sqlite_pragmas(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN")
+        write = conn.get_execution_options().get("thorn_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")

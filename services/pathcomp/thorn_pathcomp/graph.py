@@ -200,8 +200,8 @@ class FabricGraph:
                 raise KeyError(f"link {link_id} is not a fabric link")
             if up:
                 excluded.pop(link_id, None)
-            else:
-                excluded[link_id] = "out of service"
+            else:  # a reason the link was already out for (drained, miscabled) stays
+                excluded.setdefault(link_id, "out of service")
         adjacency = list(self.adjacency)
         for v in switches_touched:
             adjacency[v] = sorted(
