@@ -11,6 +11,7 @@ from thorn.observed import ObservedPort
 from thorn_programmer.neighbours import NeighbourTable, Probe, decode_probe, encode_probe
 from thorn_programmer.observe import LinkInfo, build, parse_address, parse_link, probe_ports
 from thorn_programmer.rdma import RawDevice, RawGid, RawPort, describe, unavailable
+from thorn_programmer.register import rdma_of_namespace
 
 # --- LLDP ---------------------------------------------------------------------------------------
 
@@ -82,8 +83,9 @@ def test_pyverbs_answers_become_devices_ports_and_gids_with_their_netdev() -> No
     assert (rxe.name, rxe.netdev, rxe.node_guid) == ("rxeA", "vfA", "5a8e:b4ff:fe79:25e6")
     (port,) = rxe.ports
     assert (port.port, port.state, port.link_layer) == (1, "active", "ethernet")
-    assert [(g.index, g.type, g.netdev) for g in port.gids] == [
-        (0, "IB/RoCE v1", "vfA"), (1, "RoCE v2", "vfA"),
+    assert [(g.index, g.gid, g.type, g.netdev) for g in port.gids] == [
+        (0, "fe80::588e:b4ff:fe79:25e6", "IB/RoCE v1", "vfA"),
+        (1, "::ffff:10.0.0.1", "RoCE v2", "vfA"),
     ]  # fmt: skip
 
 
@@ -148,3 +150,13 @@ def test_ports_skip_the_loopback_and_tunnels_and_representors_give_vfs() -> None
 
 def test_a_port_that_is_admin_down_is_not_probed() -> None:
     assert probe_ports([ObservedPort(name="eth1", admin_up=False, carrier=False)], []) == []
+
+
+def test_a_lab_node_reports_only_the_rdma_devices_on_its_own_netdevs() -> None:
+    seen = describe([
+        RawDevice("rxeA", "", [RawPort(1, 4, 2, [RawGid(1, "::ffff:10.0.0.1", 2, 7)])]),
+        RawDevice("rxeB", "", [RawPort(1, 4, 2, [RawGid(1, "::ffff:10.0.0.2", 2, 8)])]),
+    ], {7: "vfA", 8: "vfB"}.get)  # fmt: skip
+    mine = rdma_of_namespace(seen, {"eth1", "vfA_rep", "vfA"})
+    assert [d.name for d in mine.devices] == ["rxeA"]
+    assert rdma_of_namespace(unavailable("no"), {"eth1"}).unavailable == "RDMA unavailable: no"

@@ -14,6 +14,7 @@ own packages win) to `sys.path` here, only when pyverbs is not importable otherw
 from __future__ import annotations
 
 import importlib
+import ipaddress
 import socket
 import sys
 from collections.abc import Callable
@@ -63,7 +64,8 @@ def describe(devices: list[RawDevice], ifname: Callable[[int], str | None]) -> R
         ports = []
         for port in sorted(device.ports, key=lambda p: p.port):
             gids = [
-                RdmaGid(index=g.index, gid=g.gid, type=GID_TYPES.get(g.gid_type, str(g.gid_type)),
+                RdmaGid(index=g.index, gid=gid_text(g.gid),
+                        type=GID_TYPES.get(g.gid_type, str(g.gid_type)),
                         netdev=ifname(g.ifindex) if g.ifindex else None)
                 for g in sorted(port.gids, key=lambda g: g.index)
             ]  # fmt: skip
@@ -74,6 +76,16 @@ def describe(devices: list[RawDevice], ifname: Callable[[int], str | None]) -> R
         out.append(RdmaDevice(name=device.name, node_guid=device.node_guid, netdev=netdev,
                               ports=ports))  # fmt: skip
     return RdmaObservation(devices=out)
+
+
+def gid_text(text: str) -> str:
+    """A GID as IPv6 text, shortened (pyverbs and sysfs spell out every group); a RoCE v2
+    GID of an IPv4 address as ::ffff:a.b.c.d."""
+    try:
+        address = ipaddress.IPv6Address(text)
+    except ValueError:
+        return text
+    return f"::ffff:{address.ipv4_mapped}" if address.ipv4_mapped else str(address)
 
 
 def unavailable(reason: str) -> RdmaObservation:
@@ -138,4 +150,13 @@ def discover() -> RdmaObservation:
     return describe(devices, _ifname)
 
 
-__all__ = ["RawDevice", "RawGid", "RawPort", "describe", "discover", "read_devices", "unavailable"]
+__all__ = [
+    "RawDevice",
+    "RawGid",
+    "RawPort",
+    "describe",
+    "discover",
+    "gid_text",
+    "read_devices",
+    "unavailable",
+]

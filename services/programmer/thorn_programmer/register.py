@@ -35,6 +35,14 @@ REGISTRATIONS = Counter(
 )  # fmt: skip
 
 
+def rdma_of_namespace(seen: RdmaObservation, netdevs: set[str]) -> RdmaObservation:
+    """The devices bound to one of `netdevs`. RDMA devices are not per network namespace
+    (rdma's shared mode): where one process serves several nodes, each in a namespace of
+    its own (a lab), a node reports the devices on its own netdevs, not all of them."""
+    devices = [d for d in seen.devices if d.netdev in netdevs]
+    return seen.model_copy(update={"devices": devices})
+
+
 class Registrar:
     def __init__(
         self,
@@ -63,6 +71,8 @@ class Registrar:
         self.last_reply: RegistrationReply | None = None
         self._taken: NodeObservation | None = None  # the last observation topology took
         self._sent_at = 0.0
+        self._rdma: RdmaObservation | None = None
+        self._rdma_at = 0.0
         self._wake = asyncio.Event()
 
     def probe_ports(self) -> list[str]:
@@ -74,8 +84,13 @@ class Registrar:
     async def observe(self) -> NodeObservation:
         ports, vfs = await asyncio.to_thread(observe.read_ports, self.netns)
         self._probe_ports = observe.probe_ports(ports, vfs)
-        found = await asyncio.to_thread(self.discover_rdma)
-        return NodeObservation(ports=ports, vfs=vfs, rdma=found,
+        now = time.monotonic()
+        if self._rdma is None or now - self._rdma_at >= self.period:  # devices rarely change
+            self._rdma, self._rdma_at = await asyncio.to_thread(self.discover_rdma), now
+        rdma_seen = self._rdma
+        if self.netns is not None:
+            rdma_seen = rdma_of_namespace(rdma_seen, {p.name for p in ports})
+        return NodeObservation(ports=ports, vfs=vfs, rdma=rdma_seen,
                                neighbours=self.probe.neighbours())  # fmt: skip
 
     async def run(self) -> None:

@@ -94,6 +94,7 @@ class Registrations:
         self.service = service
         self.store = service.store
         self._lock = asyncio.Lock()  # one cabling check at a time in this replica
+        self._decoded: dict[str, tuple[tuple[object, ...], NodeRegistration]] = {}
 
     async def start(self, nc: NatsClient) -> Subscription:
         """Answer registrations (one replica per request); returns the subscription."""
@@ -146,7 +147,18 @@ class Registrations:
         return RegistrationReply(ok=True, mismatches=len(found))
 
     async def latest(self) -> dict[str, NodeRegistration]:
-        return {r.node: _decoded(r) for r in await self.store.observed_nodes()}
+        """Every node's stored registration (any replica may have taken it), decoded once
+        per version: the cabling check reads them all after each registration."""
+        out: dict[str, NodeRegistration] = {}
+        for record in await self.store.observed_nodes():
+            version = (record.run, record.seq, record.received_at, record.refused_at)
+            cached = self._decoded.get(record.node)
+            if cached is None or cached[0] != version:
+                cached = self._decoded[record.node] = (version, _decoded(record))
+            out[record.node] = cached[1]
+        for gone in set(self._decoded) - set(out):
+            del self._decoded[gone]
+        return out
 
     async def check_cabling(self) -> list[CablingVerdict]:
         """Verdicts from every node's latest registration; mark and clear miscabled links."""
