@@ -25,7 +25,13 @@ from test_pathcomp_drains import auth as bearer
 
 from thorn.bus import Bus
 from thorn.config import Settings
-from thorn.events import AgentRegistration, RegistrationReply, agent_register_subject, utcnow
+from thorn.events import (
+    AgentRegistration,
+    LinkHealthChanged,
+    RegistrationReply,
+    agent_register_subject,
+    utcnow,
+)
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.observed import NodeObservation, ObservedPort, ObservedVf
@@ -213,6 +219,13 @@ async def test_swapped_cables_are_marked_miscabled_avoided_by_paths_then_fixed(
         pair = plan.pair("host1", "host3")
         assert pair.red is not None and pair.blue is not None
         assert {up1, up2}.isdisjoint(pair.red.links + pair.blue.links)
+        # Health seeing the link go down and come up again does not put it back in service
+        for state in ("down", "up"):
+            await controller.service.on_link_health(LinkHealthChanged(
+                link_id=up2, state=state, at=utcnow(), source="test"))  # fmt: skip
+        await controller.service.replanned(WAIT)
+        assert controller.service.link_states[up2] is True
+        assert up2 in controller.service.plan.graph.excluded  # type: ignore[union-attr]
         # Fixed: leaf1 hears spine1:swp1 again; leaf2 goes quiet (still out: sticky)
         assert (await register(controller.bus, "leaf1", hears("swp3", "spine1", "swp1"), 1)).ok
         assert (await register(controller.bus, "leaf2", NodeObservation(), 1)).ok
