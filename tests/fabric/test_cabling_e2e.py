@@ -107,6 +107,16 @@ async def test_every_node_registers_as_declared_and_every_link_is_heard_verified
     assert host["observed"]["neighbours"] == [
         {"port": "eth1", "chassis": "leaf1", "port_id": "swp1"}
     ]
+    # the node's side: the programmer's /registration
+    programmer = topology.system.apps["programmer"][0]
+    transport = httpx.ASGITransport(app=programmer)
+    async with httpx.AsyncClient(transport=transport, base_url="http://agent") as client:
+        agents = {a["node"]: a for a in (await client.get("/registration")).json()}
+    assert set(agents) == {"host1", "host2", "host3", "host4", "leaf1", "leaf2", "spine1",
+                           "spine2"}  # fmt: skip
+    assert agents["spine1"]["reply"] == {"ok": True, "error": None, "mismatches": 0}
+    assert agents["spine1"]["probe_ports"] == ["swp1", "swp2"]
+    assert agents["host1"]["probe_ports"] == ["eth1"]  # not the representor vf0_rep
 
 
 async def test_swapped_cables_are_reported_miscabled_avoided_by_paths_then_fixed(

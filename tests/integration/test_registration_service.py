@@ -13,6 +13,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.observed import NodeObservation, ObservedPort, ObservedVf
 from thorn.store import Store
+from thorn.store.observed import ObservedRecord
 from thorn_topology.app import create_app
 
 ADMIN = "thn_test-admin-registration"
@@ -236,3 +238,17 @@ async def test_swapped_cables_are_marked_miscabled_avoided_by_paths_then_fixed(
         assert (await register(controller.bus, "leaf2", hears("swp3", "spine1", "swp2"), 2)).ok
         assert not (await cabling(controller))[up2]["out_of_service"]
         await wait_plan(controller, False, up2)
+
+
+async def test_what_a_quiet_agent_heard_long_ago_counts_as_silence(topology: Topology) -> None:
+    heard = hears("swp3", "spine1", "swp1").model_dump(mode="json")  # link 5, as declared
+    long_ago = utcnow() - timedelta(hours=1)
+    record = ObservedRecord(node="leaf1", run="old", seq=9, received_at=long_ago, observed=heard)
+    await topology.store.put_observed(record)
+    links = {lk["link_id"]: lk for lk in (await topology.get("/cabling"))["links"]}
+    assert links[5]["state"] == "unverified"
+    view = await topology.get("/nodes/leaf1/observed")  # still shown, with its age
+    assert view["registered"] is True and view["received_at"].startswith(str(long_ago.year))
+    assert (await register(topology.bus, "leaf1", hears("swp3", "spine1", "swp1"))).ok
+    links = {lk["link_id"]: lk for lk in (await topology.get("/cabling"))["links"]}
+    assert links[5]["state"] == "verified"

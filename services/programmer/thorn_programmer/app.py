@@ -202,6 +202,16 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                                     "restore_held": repairs[a.node].holding()}
                 for a in request.app.state.agents]  # fmt: skip
 
+    @app.get("/registration", include_in_schema=False)
+    async def registration(request: Request) -> list[dict[str, Any]]:
+        """Each agent's last registration with topology, topology's answer, and the ports
+        its neighbour probe runs on."""
+        return [{"node": r.node, "seq": r.seq, "unanswered": r.unanswered,
+                 "reply": r.last_reply.model_dump() if r.last_reply else None,
+                 "probe_ports": r.probe_ports(),
+                 "observed": r.last_sent.model_dump(mode="json") if r.last_sent else None}
+                for r in request.app.state.registrars]  # fmt: skip
+
     @app.get("/bfd", include_in_schema=False)
     async def bfd(request: Request) -> dict[str, Any]:
         """Every BFD session of this process (state, negotiated timers) and the drop counts."""

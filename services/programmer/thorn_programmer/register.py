@@ -69,6 +69,8 @@ class Registrar:
         self.probe = NeighbourProbe(node, netns, self.probe_ports, interval=probe_interval,
                                     on_change=self.changed)  # fmt: skip
         self.last_reply: RegistrationReply | None = None
+        self.last_sent: NodeObservation | None = None
+        self.unanswered = 0  # registrations in a row nobody answered
         self._taken: NodeObservation | None = None  # the last observation topology took
         self._sent_at = 0.0
         self._rdma: RdmaObservation | None = None
@@ -117,8 +119,11 @@ class Registrar:
             raw = await self.bus.request(event, reply_within=self.timeout)
         except BusError as exc:  # topology away: the next check sends again
             REGISTRATIONS.labels(self.node, "unanswered").inc()
-            log.warning("registration_unanswered", node=self.node, error=str(exc))
+            self.unanswered += 1  # said once, then quietly until topology answers again
+            level = log.warning if self.unanswered == 1 else log.debug
+            level("registration_unanswered", node=self.node, error=str(exc))
             return None
+        self.unanswered = 0
         self.seq += 1
         self._sent_at = time.monotonic()
         try:
@@ -127,7 +132,7 @@ class Registrar:
             REGISTRATIONS.labels(self.node, "bad_reply").inc()
             log.error("registration_bad_reply", node=self.node, reply=raw[:200])
             return None
-        self.last_reply = reply
+        self.last_reply, self.last_sent = reply, observation
         if reply.ok:
             REGISTRATIONS.labels(self.node, "taken").inc()
             self._taken = observation

@@ -60,7 +60,7 @@ def create_app(
             service.start()
             stack.push_async_callback(service.stop)
             app.state.topology = service
-            registrations = Registrations(service)
+            registrations = Registrations(service, stale_after=3 * settings.register_seconds)
             subscription = await registrations.start(the_bus.nc)
             stack.push_async_callback(subscription.unsubscribe)
             app.state.registrations = registrations

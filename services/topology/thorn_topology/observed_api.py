@@ -44,7 +44,7 @@ class NodeObserved(_Out):
     declared: NodeSpec
     declared_vfs: list[str] = Field(description="the VFs of the node's workloads")
     registered: bool = Field(description="a registration was taken from the node's agent")
-    received_at: datetime | None = Field(None, description="sent at, by the agent's clock")
+    received_at: datetime | None = Field(None, description="when topology took it (its clock)")
     run: str | None = None
     seq: int | None = None
     observed: NodeObservation | None = None
@@ -129,10 +129,11 @@ async def cabling_report(
     _: Viewer, registrations: RegistrationsDep,
     state: Annotated[CablingState | None, Query(description="only links in this state")] = None,
 ) -> CablingReport:  # fmt: skip
-    """Each declared link's cabling as the agents' neighbour probes hear it, and whether it
-    is kept out of path computation (miscabled)."""
+    """Each declared link's cabling as the agents' neighbour probes hear it (registrations
+    older than 3 registration periods count as silent), and whether it is kept out of path
+    computation (miscabled)."""
     registered = await registrations.latest()
-    observations = {n: r.observed for n, r in registered.items() if r.observed}
+    observations = registrations.heard_now(registered)
     async with registrations.service.reading() as fabric:
         verdicts = cabling(fabric, observations)
         out = [LinkCabling(**v.model_dump(), out_of_service=v.link_id in fabric.miscabled)

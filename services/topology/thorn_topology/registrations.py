@@ -20,7 +20,7 @@ import asyncio
 import functools
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import structlog
 from nats.aio.client import Client as NatsClient
@@ -36,6 +36,7 @@ from thorn.events import (
     EventDecodeError,
     RegistrationReply,
     decode,
+    utcnow,
 )
 from thorn.fabric import Change, Fabric, NotFound
 from thorn.model import TokenRole
@@ -90,8 +91,11 @@ def _decoded(record: ObservedRecord) -> NodeRegistration:
 
 
 class Registrations:
-    def __init__(self, service: TopologyService) -> None:
+    def __init__(self, service: TopologyService, stale_after: float = 90.0) -> None:
         self.service = service
+        # A registration older than this is an agent gone quiet: what it heard is not
+        # held for or against a link (3 registration periods by default).
+        self.stale_after = timedelta(seconds=stale_after)
         self.store = service.store
         self._lock = asyncio.Lock()  # one cabling check at a time in this replica
         self._decoded: dict[str, tuple[tuple[object, ...], NodeRegistration]] = {}
@@ -133,10 +137,10 @@ class Registrations:
             REGISTRATIONS.labels("refused").inc()
             log.error("registration_refused", node=node, seq=event.seq, error=why)
             if known:  # an unknown node gets nothing stored, not even its refusal
-                await self.store.put_refused(node, why, event.sent_at)
+                await self.store.put_refused(node, why, utcnow())
             return RegistrationReply(ok=False, error=why)
         await self.store.put_observed(ObservedRecord(
-            node=node, run=event.run, seq=event.seq, received_at=event.sent_at,
+            node=node, run=event.run, seq=event.seq, received_at=utcnow(),
             observed=event.observed.model_dump(mode="json"),
         ))  # fmt: skip
         REGISTRATIONS.labels("stored").inc()
@@ -160,11 +164,19 @@ class Registrations:
             del self._decoded[gone]
         return out
 
+    def heard_now(self, registered: dict[str, NodeRegistration]) -> dict[str, NodeObservation]:
+        """The observations the cabling check goes by: registrations not gone stale."""
+        since = utcnow() - self.stale_after
+        return {
+            n: r.observed for n, r in registered.items()
+            if r.observed is not None and r.received_at is not None and r.received_at >= since
+        }  # fmt: skip
+
     async def check_cabling(self) -> list[CablingVerdict]:
         """Verdicts from every node's latest registration; mark and clear miscabled links."""
         async with self._lock:
             registered = await self.latest()
-            observations = {n: r.observed for n, r in registered.items() if r.observed}
+            observations = self.heard_now(registered)
             async with self.service.reading() as fabric:
                 verdicts = cabling(fabric, observations)
                 current = {i: m.reason for i, m in fabric.miscabled.items()}
