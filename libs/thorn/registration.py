@@ -189,11 +189,12 @@ def next_miscabled(
     current: Mapping[int, str], verdicts: list[CablingVerdict]
 ) -> dict[int, str | None]:
     """The changes to the miscabled set (link id -> reason, or None to clear) the verdicts
-    call for: a contradiction marks (or re-words) a link, a verification clears it, and
-    silence leaves it as it was."""
+    call for: a contradiction marks a link, a verification clears it, and silence leaves it
+    as it was. A marked link keeps the reason it was marked for (each change is a topology
+    revision that pathcomp replans on; the live verdict shows what is heard now)."""
     changes: dict[int, str | None] = {}
     for verdict in verdicts:
-        if verdict.state == "miscabled" and verdict.reason != current.get(verdict.link_id):
+        if verdict.state == "miscabled" and verdict.link_id not in current:
             changes[verdict.link_id] = verdict.reason
         elif verdict.state == "verified" and verdict.link_id in current:
             changes[verdict.link_id] = None

@@ -231,3 +231,10 @@ def test_clearing_the_verdict_gives_the_link_back_to_the_plan_incrementally(
     assert 5 not in updated.graph.excluded
     full = Plan.compute(fabric)
     assert updated.pair("host1", "host3") == full.pair("host1", "host3")
+
+
+def test_a_marked_link_heard_wrong_in_another_way_is_not_written_again(fabric: Fabric) -> None:
+    current = {5: "spine1:swp1 hears leaf2:swp3, not leaf1:swp3"}
+    other = cabling(fabric, on("leaf1", hears("swp3", "spine1", "swp2")))
+    assert next(v for v in other if v.link_id == 5).state == "miscabled"
+    assert next_miscabled(current, other) == {}
