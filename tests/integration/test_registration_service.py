@@ -35,7 +35,7 @@ from thorn.events import (
 )
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
-from thorn.observed import NodeObservation, ObservedPort, ObservedVf
+from thorn.observed import HeardNeighbour, NodeObservation, ObservedPort, ObservedVf
 from thorn.store import Store
 from thorn.store.observed import ObservedRecord
 from thorn_topology.app import create_app
@@ -211,9 +211,14 @@ async def test_swapped_cables_are_marked_miscabled_avoided_by_paths_then_fixed(
         assert links[up1]["state"] == links[up2]["state"] == "miscabled"
         assert links[up1]["out_of_service"] and links[up2]["out_of_service"]
         assert links[up1]["reason"] == "leaf1:swp3 hears spine1:swp2, not spine1:swp1"
-        assert await controller.store.revision() == revision + 2  # one write per link
+        # one write per check: leaf1's registration marks up1, leaf2's marks up2
+        assert await controller.store.revision() == revision + 2
         audit = await controller.topology.get("/api/v1/audit", headers=bearer(DRAINS_ADMIN))
-        assert {e["actor"] for e in audit.json()["items"][:2]} == {"cabling-check"}
+        latest = audit.json()["items"][:2]
+        assert [(e["actor"], e["action"], e["target"]) for e in latest] == [
+            ("cabling-check", "link.cabling", str(up2)),
+            ("cabling-check", "link.cabling", str(up1)),
+        ]
         await wait_plan(controller, True, up1)
         await wait_plan(controller, True, up2)
         plan = controller.service.plan
@@ -252,3 +257,22 @@ async def test_what_a_quiet_agent_heard_long_ago_counts_as_silence(topology: Top
     assert (await register(topology.bus, "leaf1", hears("swp3", "spine1", "swp1"))).ok
     links = {lk["link_id"]: lk for lk in (await topology.get("/cabling"))["links"]}
     assert links[5]["state"] == "verified"
+
+
+async def test_one_registration_contradicting_two_links_marks_both_in_one_revision(
+    topology: Topology,
+) -> None:
+    revision = await topology.store.revision()
+    swapped = NodeObservation(neighbours=[  # spine1's cables to leaf1 and leaf2 swapped
+        HeardNeighbour(port="swp1", chassis="leaf2", port_id="swp3"),
+        HeardNeighbour(port="swp2", chassis="leaf1", port_id="swp3"),
+    ])  # fmt: skip
+    assert (await register(topology.bus, "spine1", swapped)).ok
+    assert await topology.store.revision() == revision + 1
+    body = await topology.get("/cabling?state=miscabled")
+    assert sorted(lk["link_id"] for lk in body["links"]) == [5, 7]
+    assert body["out_of_service"] == 2
+    audit = (await topology.get("/audit"))["items"][0]
+    assert (audit["actor"], audit["target"], audit["revision"]) == (
+        "cabling-check", "5,7", revision + 1,
+    )  # fmt: skip

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 from prometheus_client import Counter
@@ -33,6 +35,14 @@ REGISTRATIONS = Counter(
     "thorn_programmer_registrations_total", "Registrations sent to topology, by outcome",
     ["node", "outcome"],
 )  # fmt: skip
+
+
+@functools.cache
+def _reader() -> ThreadPoolExecutor:
+    """One thread for every registrar of the process: their reads (a few ms each, every few
+    seconds per node) queue here, never in the default pool the BFD arming and the
+    reporters' samples use."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="register")
 
 
 def rdma_of_namespace(seen: RdmaObservation, netdevs: set[str]) -> RdmaObservation:
@@ -84,11 +94,13 @@ class Registrar:
         self._wake.set()
 
     async def observe(self) -> NodeObservation:
-        ports, vfs = await asyncio.to_thread(observe.read_ports, self.netns)
+        loop = asyncio.get_running_loop()
+        ports, vfs = await loop.run_in_executor(_reader(), observe.read_ports, self.netns)
         self._probe_ports = observe.probe_ports(ports, vfs)
         now = time.monotonic()
         if self._rdma is None or now - self._rdma_at >= self.period:  # devices rarely change
-            self._rdma, self._rdma_at = await asyncio.to_thread(self.discover_rdma), now
+            self._rdma = await loop.run_in_executor(_reader(), self.discover_rdma)
+            self._rdma_at = now
         rdma_seen = self._rdma
         if self.netns is not None:
             rdma_seen = rdma_of_namespace(rdma_seen, {p.name for p in ports})

@@ -9,9 +9,9 @@ topology replica (a queue group) answers each with a `RegistrationReply`:
   the API shows it; an unknown node's is stored nowhere.
 - a good one becomes the node's latest (the latest per node wins), and the cabling check
   runs over every node's latest: a link newly heard contradicting the declaration is
-  marked miscabled, one heard as declared is cleared, through the topology write path (a
-  revision, an audit row, `topology.changed`), which is how pathcomp learns of it, as of a
-  drain.
+  marked miscabled, one heard as declared is cleared, through the topology write path (one
+  revision and audit row for all of a check's changes, `topology.changed`), which is how
+  pathcomp learns of it, as of a drain.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from thorn.events import (
     decode,
     utcnow,
 )
-from thorn.fabric import Change, Fabric, NotFound
+from thorn.fabric import Change, Fabric
 from thorn.model import TokenRole
 from thorn.observed import NodeObservation
 from thorn.registration import (
@@ -180,23 +180,25 @@ class Registrations:
             async with self.service.reading() as fabric:
                 verdicts = cabling(fabric, observations)
                 current = {i: m.reason for i, m in fabric.miscabled.items()}
-            for link_id, reason in next_miscabled(current, verdicts).items():
+            changes = next_miscabled(current, verdicts)
+            for link_id, reason in changes.items():
                 level = log.error if reason else log.info
                 level("link_miscabled" if reason else "link_cabled_as_declared",
                       link_id=link_id, reason=reason)  # fmt: skip
-                try:
-                    await self.service.write(
-                        CABLING_PRINCIPAL, "link.cabling", str(link_id),
-                        functools.partial(_set_miscabled, link_id=link_id, reason=reason),
-                        {"miscabled": reason is not None, "reason": reason},
-                    )  # fmt: skip
-                except NotFound:  # deleted meanwhile: nothing left to mark
-                    continue
+            if changes:  # one write, one revision, one replan for all of them
+                target = ",".join(str(i) for i in sorted(changes))
+                await self.service.write(
+                    CABLING_PRINCIPAL, "link.cabling", target,
+                    functools.partial(_set_miscabled, changes=changes),
+                    {str(i): {"miscabled": r is not None, "reason": r} for i, r in changes.items()},
+                )  # fmt: skip
             return verdicts
 
 
-def _set_miscabled(fabric: Fabric, *, link_id: int, reason: str | None) -> list[Change]:
-    return fabric.set_miscabled(link_id, reason)
+def _set_miscabled(fabric: Fabric, *, changes: dict[int, str | None]) -> list[Change]:
+    """Mark and clear links; a link deleted since the verdicts has nothing left to mark."""
+    return [c for i, r in sorted(changes.items()) if i in fabric.links
+            for c in fabric.set_miscabled(i, r)]  # fmt: skip
 
 
 def node_mismatches(fabric: Fabric, registered: dict[str, NodeRegistration]) -> list[Mismatch]:
