@@ -63,6 +63,16 @@ class Settings(BaseSettings):
         5.0, gt=0, le=300,
         description="programmer: seconds between full port reports (carrier and counters)",
     )  # fmt: skip
+    register_seconds: float = Field(
+        30.0, gt=0, le=3600,
+        description="programmer: longest time between registrations with topology (what the "
+        "agent observes; a change is registered within a few seconds)",
+    )  # fmt: skip
+    neighbour_probe_seconds: float = Field(
+        1.0, ge=0.1, le=60,
+        description="programmer: seconds between LLDP neighbour probes out of each fabric "
+        "port (a neighbour is forgotten after 4 missed probes)",
+    )  # fmt: skip
     bfd_sessions: Literal["off", "links", "peers", "all"] = Field(
         "all",
         description="programmer: BFD on fabric links (single-hop), toward peer TEPs per "

@@ -13,6 +13,7 @@ which is why the per-node wildcards use '>'):
     agent.report.<node>         AgentReport         (core NATS request; health replies)
     agent.applied.<node>        DatapathApplied     (core NATS only: a datapath reconciled)
     agent.flip.<node>           FlipCommand         (core NATS: pathcomp's urgent flips)
+    agent.register.<node>       AgentRegistration   (core NATS request; topology replies)
 
 Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
 """
@@ -27,6 +28,8 @@ from datetime import UTC, datetime
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
+
+from thorn.observed import NodeObservation
 
 # --------------------------------------------------------------------------------------------
 # Subjects
@@ -44,6 +47,8 @@ AGENT_APPLIED_PREFIX = "agent.applied"
 AGENT_APPLIED_ALL = "agent.applied.>"  # ">": a node name may span tokens
 AGENT_FLIP_PREFIX = "agent.flip"
 AGENT_FLIP_ALL = "agent.flip.>"
+AGENT_REGISTER_PREFIX = "agent.register"
+AGENT_REGISTER_ALL = "agent.register.>"
 
 # What a node name may look like inside a subject: the domain model's Name (letters, digits,
 # '.', '_', '-'), so never a wildcard, whitespace or an empty token.
@@ -84,6 +89,11 @@ def agent_applied_subject(node: str) -> str:
 def agent_flip_subject(node: str) -> str:
     """`agent.flip.<node>`: pathcomp's urgent commands to a host's agent."""
     return f"{AGENT_FLIP_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def agent_register_subject(node: str) -> str:
+    """`agent.register.<node>`: a node's agent registers what it observes with topology."""
+    return f"{AGENT_REGISTER_PREFIX}.{_subject_name(node, 'node name')}"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -454,6 +464,36 @@ class AgentReportReply(BaseModel):
     error: str | None = None
 
 
+class AgentRegistration(Event):
+    """What node `node`'s agent observes (ports, VFs, RDMA devices, neighbours heard), sent
+    as a request on `agent.register.<node>` on change and periodically; topology keeps the
+    latest per node and answers with a `RegistrationReply`. `seq` rises per registration
+    of an agent's run."""
+
+    subject_pattern: ClassVar[str] = AGENT_REGISTER_ALL
+
+    node: str
+    run: str = Field("", max_length=32)
+    seq: int = Field(ge=0)
+    sent_at: UtcDatetime
+    observed: NodeObservation
+
+    @property
+    def subject(self) -> str:
+        return agent_register_subject(self.node)
+
+
+class RegistrationReply(BaseModel):
+    """Topology's answer: `ok` (stored; `mismatches` found against the declared node) or
+    the error that refused it (nothing stored; the last good registration stays)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    error: str | None = None
+    mismatches: int = Field(0, ge=0)
+
+
 # Subject pattern -> event model. A consumer decodes any message by its subject through this.
 EVENT_TYPES: Mapping[str, type[Event]] = {
     TOPOLOGY_CHANGED: TopologyChanged,
@@ -463,6 +503,7 @@ EVENT_TYPES: Mapping[str, type[Event]] = {
     AGENT_APPLIED_ALL: DatapathApplied,
     AGENT_FLIP_ALL: FlipCommand,
     AGENT_REPORT_ALL: AgentReport,
+    AGENT_REGISTER_ALL: AgentRegistration,
 }
 
 
@@ -522,6 +563,8 @@ __all__ = [
     "AGENT_APPLIED_PREFIX",
     "AGENT_FLIP_ALL",
     "AGENT_FLIP_PREFIX",
+    "AGENT_REGISTER_ALL",
+    "AGENT_REGISTER_PREFIX",
     "AGENT_REPORT_ALL",
     "AGENT_REPORT_PREFIX",
     "DESIRED_STATE_KV",
@@ -537,6 +580,7 @@ __all__ = [
     "STREAM_PATHS",
     "STREAM_TOPOLOGY",
     "TOPOLOGY_CHANGED",
+    "AgentRegistration",
     "AgentReport",
     "AgentReportReply",
     "BfdReport",
@@ -553,6 +597,7 @@ __all__ = [
     "KeyValueSpec",
     "LinkHealthChanged",
     "PathsChanged",
+    "RegistrationReply",
     "StreamSpec",
     "TopologyChanged",
     "Trace",
@@ -560,6 +605,7 @@ __all__ = [
     "UtcDatetime",
     "agent_applied_subject",
     "agent_flip_subject",
+    "agent_register_subject",
     "agent_report_subject",
     "decode",
     "encode",

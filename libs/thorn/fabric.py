@@ -25,6 +25,7 @@ from thorn.model import (
     Link,
     LinkSpec,
     LinkUpdate,
+    Miscabled,
     Node,
     NodeSpec,
     NodeUpdate,
@@ -42,7 +43,7 @@ from thorn.model import (
 
 Loc = tuple[str | int, ...]
 IssueKind = Literal["invalid", "not_found", "conflict"]
-EntityKind = Literal["node", "port", "link", "tenant", "vni", "workload", "tep"]
+EntityKind = Literal["node", "port", "link", "tenant", "vni", "workload", "tep", "cabling"]
 ChangeOp = Literal["create", "update", "delete"]
 MAX_ISSUES = 100
 
@@ -153,6 +154,9 @@ class Fabric:
         self.vnis: dict[int, Vni] = {}
         self.workloads: dict[str, Workload] = {}
         self.teps: dict[tuple[str, Colour], Tep] = {}
+        # Links the cabling check found miscabled (observed, not declared: never exported),
+        # link id -> what was heard. Path computation leaves them out, as drained links.
+        self.miscabled: dict[int, Miscabled] = {}
         # Indexes behind the cross-entity rules.
         self._address_owner: dict[IPAddress, str] = {}
         self._mac_owner: dict[str, str] = {}
@@ -252,6 +256,7 @@ class Fabric:
         out += [Change("link", "create", str(lk.id), lk) for lk in self.links.values()]
         out += [Change("tep", "create", _tep_key(t), t) for t in self.teps.values()]
         out += [Change("workload", "create", w.name, w) for w in self.workloads.values()]
+        out += [Change("cabling", "create", str(m.link_id), m) for m in self.miscabled.values()]
         return out
 
     # --- nodes ----------------------------------------------------------------------------
@@ -606,7 +611,24 @@ class Fabric:
         del self.links[link_id]
         del self.link_of_port[port_key(link.a)]
         del self.link_of_port[port_key(link.b)]
+        self.miscabled.pop(link_id, None)  # its row goes with the link (ON DELETE CASCADE)
         return [Change("link", "delete", str(link_id))]
+
+    def set_miscabled(self, link_id: int, reason: str | None) -> list[Change]:
+        """Mark a link miscabled (what its ends heard) or, with None, cabled as declared
+        again. Marking it again with another reason updates the reason."""
+        self.link(link_id)
+        before = self.miscabled.get(link_id)
+        if reason is None:
+            if before is None:
+                return []
+            del self.miscabled[link_id]
+            return [Change("cabling", "delete", str(link_id))]
+        mark = Miscabled(link_id=link_id, reason=reason[:500])
+        if before == mark:
+            return []
+        self.miscabled[link_id] = mark
+        return [Change("cabling", "create" if before is None else "update", str(link_id), mark)]
 
     # --- tenants and VNIs -----------------------------------------------------------------
 

@@ -234,6 +234,13 @@ class Link(LinkSpec):
     id: int
 
 
+class Miscabled(Strict):
+    """The cabling check heard a link's ends contradict the declaration (`reason`)."""
+
+    link_id: int
+    reason: Annotated[str, StringConstraints(max_length=500)]
+
+
 class LinkUpdate(Strict):
     """PATCH body: only the fields given change; null clears srlgs."""
 

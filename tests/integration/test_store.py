@@ -186,7 +186,7 @@ async def test_migrations_match_the_declared_schema(store: Store) -> None:
     async with store.engine.connect() as conn:
         assert await conn.run_sync(diff) == []
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
-    assert version == "0004"
+    assert version == "0005"
 
 
 async def test_opening_twice_is_idempotent(store: Store, database_url: str) -> None:
@@ -196,3 +196,23 @@ async def test_opening_twice_is_idempotent(store: Store, database_url: str) -> N
         assert await again.revision() == 1
     finally:
         await again.close()
+
+
+async def test_a_write_that_reads_first_waits_for_another_writer_instead_of_failing(
+    store: Store,
+) -> None:
+    """SQLite refuses to upgrade a read transaction to a write while another writer holds
+    the lock ("database is locked" at once, no busy wait): store writes take the write
+    lock at BEGIN, so the token write below waits for the other writer and succeeds."""
+
+    async def other_writer() -> None:
+        async with store.engine.begin() as conn:
+            await conn.execute(text("UPDATE meta SET value = value WHERE key = 'revision'"))
+            await asyncio.sleep(0.5)
+
+    async def reads_then_writes() -> bool:
+        await asyncio.sleep(0.1)
+        return await store.put_token("waiter", TokenRole.admin, "a" * 64, "test")
+
+    _, changed = await asyncio.gather(other_writer(), reads_then_writes())
+    assert changed is True

@@ -38,7 +38,17 @@ from typer.testing import CliRunner, Result
 from thorn.bus import Bus
 from thorn.cli.main import app, since_value
 from thorn.config import Settings
-from thorn.events import STREAM_FAILOVER, Event, FailoverEvent, Trace, new_trace_id, utcnow
+from thorn.events import (
+    STREAM_FAILOVER,
+    AgentRegistration,
+    Event,
+    FailoverEvent,
+    RegistrationReply,
+    Trace,
+    new_trace_id,
+    utcnow,
+)
+from thorn.observed import HeardNeighbour, NodeObservation, ObservedPort
 from thorn.store import Store
 from thorn_health.app import create_app as health_app
 from thorn_pathcomp.app import create_app as pathcomp_app
@@ -1047,3 +1057,41 @@ def test_rdma_probe_where_rdma_is_unavailable_says_why_and_exits_69(thornctl: Th
     result = thornctl("rdma", "probe", "10.0.0.1", "10.0.0.2")
     assert result.exit_code == 69
     assert result.stderr.startswith("Error: RDMA unavailable: ")
+
+
+# --- registrations: cabling and mismatches ----------------------------------------------------
+
+
+def register_with_topology(nats_url: str, node: str, observed: NodeObservation) -> None:
+    async def send() -> None:
+        async with await Bus.connect(nats_url, name="test-thornctl-agent") as bus:
+            event = AgentRegistration(node=node, run="t", seq=0, sent_at=utcnow(),
+                                      observed=observed)  # fmt: skip
+            reply = RegistrationReply.model_validate_json(await bus.request(event, reply_within=5))
+            assert reply.ok, reply.error
+
+    asyncio.run(send())
+
+
+def test_cabling_and_mismatches_show_what_the_agents_registered(
+    thornctl: Thornctl, nats_url: str
+) -> None:
+    register_with_topology(nats_url, "leaf1", NodeObservation(
+        ports=[ObservedPort(name="swp1", admin_up=True, carrier=True),
+               ObservedPort(name="swp2", admin_up=True, carrier=True)],
+        neighbours=[HeardNeighbour(port="swp2", chassis="spine1", port_id="swp1")],
+    ))  # fmt: skip
+    register_with_topology(nats_url, "gpu1", NodeObservation())  # no eth1
+    links = {lk["a"]: lk for lk in as_json(thornctl("-o", "json", "cabling"))["links"]}
+    assert links["leaf1:swp2"]["state"] == "verified"
+    assert links["gpu1:eth1"]["state"] == "unverified"
+    table = ok(thornctl("cabling", "--state", "verified")).stdout
+    assert "leaf1:swp2" in table and "gpu1:eth1" not in table
+    assert "1 verified, 1 unverified, 0 miscabled" in table
+    found = as_json(thornctl("-o", "json", "mismatches"))
+    assert [(m["node"], m["kind"], m["subject"]) for m in found["mismatches"]] == [
+        ("gpu1", "port_missing", "eth1")
+    ]
+    assert "port_missing" in ok(thornctl("mismatches")).stdout
+    refused = thornctl("cabling", "--state", "bogus")
+    assert refused.exit_code != 0 and "bogus" in refused.stderr

@@ -15,6 +15,7 @@ from thorn.events import (
     STREAM_PATHS,
     STREAM_TOPOLOGY,
     STREAMS,
+    AgentRegistration,
     AgentReport,
     BfdReport,
     CarrierReport,
@@ -43,6 +44,13 @@ from thorn.events import (
     stream_for_subject,
     subject_matches,
     utcnow,
+)
+from thorn.observed import (
+    HeardNeighbour,
+    NodeObservation,
+    ObservedPort,
+    ObservedVf,
+    RdmaObservation,
 )
 
 AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -102,6 +110,27 @@ def sample_events() -> list[Event]:
                     at=AT,
                 ),
             ],
+        ),
+        AgentRegistration(
+            node="host-a",
+            run="r1",
+            seq=4,
+            sent_at=AT,
+            observed=NodeObservation(
+                ports=[
+                    ObservedPort(
+                        name="eth1",
+                        mac="02:00:00:00:00:01",
+                        admin_up=True,
+                        carrier=True,
+                        speed_mbps=10000,
+                        addresses=["10.0.0.0/31"],
+                    )
+                ],  # type: ignore[list-item]
+                vfs=[ObservedVf(name="vf0", representor="vf0_rep")],
+                rdma=RdmaObservation(unavailable="RDMA unavailable: Failed to get devices list"),
+                neighbours=[HeardNeighbour(port="eth1", chassis="leaf1", port_id="swp1")],
+            ),
         ),
         DatapathApplied(
             node="host-a",
@@ -172,6 +201,7 @@ def test_every_event_subject_is_stored_by_its_stream() -> None:
         DatapathApplied: None,  # the latest per node matters: core NATS, not stored
         FlipCommand: None,  # urgent: core NATS, straight to the agent
         AgentReport: None,  # a request that health answers: core NATS
+        AgentRegistration: None,  # a request topology answers, stored in SQL by topology
     }
     for event in sample_events():
         assert stream_for_subject(event.subject) is expected[type(event)]
@@ -221,6 +251,7 @@ def test_the_registry_maps_each_subject_to_its_model() -> None:
         DatapathApplied,
         AgentReport,
         FlipCommand,
+        AgentRegistration,
     }
 
 

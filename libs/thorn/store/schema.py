@@ -220,3 +220,30 @@ class HealthFailoverRow(Base):
         Index("ix_health_failovers_node", "node"),
         Index("ix_health_failovers_link", "link_id"),
     )
+
+
+class MiscabledRow(Base):
+    """A link the cabling check found miscabled (topology's verdict from the agents'
+    registrations); path computation leaves it out. Gone with its link."""
+
+    __tablename__ = "link_miscabled"
+    link_id: Mapped[int] = mapped_column(
+        Integer, ForeignKey("links.id", ondelete="CASCADE"), primary_key=True,
+        autoincrement=False,
+    )  # fmt: skip
+    reason: Mapped[str] = mapped_column(String(500))
+
+
+class ObservedNodeRow(Base):
+    """The latest registration each node's agent sent (what it observes), and the last one
+    topology refused, with why. No foreign key: a registration outlives a re-import of
+    its node, and only nodes in the topology are shown."""
+
+    __tablename__ = "observed_nodes"
+    node: Mapped[str] = mapped_column(String(NAME), primary_key=True)
+    run: Mapped[str | None] = mapped_column(String(32))
+    seq: Mapped[int | None] = mapped_column(BigInteger)
+    received_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    observed: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    refused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    refused_error: Mapped[str | None] = mapped_column(String(1000))

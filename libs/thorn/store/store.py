@@ -26,6 +26,7 @@ from thorn.fabric import Change, EntityKind, Fabric, FabricError
 from thorn.model import (
     AuditEntry,
     Link,
+    Miscabled,
     NodeSpec,
     PortSpec,
     Tenant,
@@ -35,11 +36,12 @@ from thorn.model import (
     Vni,
     Workload,
 )
-from thorn.store import failovers, health
+from thorn.store import failovers, health, observed
 from thorn.store.schema import (
     AuditRow,
     LinkRow,
     Meta,
+    MiscabledRow,
     NodeRow,
     PortRow,
     TenantRow,
@@ -60,9 +62,12 @@ _TABLES: dict[EntityKind, Any] = {
     "vni": VniRow,
     "workload": WorkloadRow,
     "tep": TepRow,
+    "cabling": MiscabledRow,
 }
 # Children before parents, so deletes never trip a foreign key.
-_DELETE_ORDER: list[EntityKind] = ["workload", "tep", "link", "port", "node", "vni", "tenant"]
+_DELETE_ORDER: list[EntityKind] = [
+    "cabling", "workload", "tep", "link", "port", "node", "vni", "tenant",
+]  # fmt: skip
 
 
 class StaleRevision(Exception):
@@ -113,6 +118,8 @@ def _key_filter(kind: EntityKind, key: str) -> list[Any]:
         return [TepRow.node == node, TepRow.colour == colour]
     if kind == "link":
         return [LinkRow.id == int(key)]
+    if kind == "cabling":
+        return [MiscabledRow.link_id == int(key)]
     if kind == "vni":
         return [VniRow.vni == int(key)]
     table = _TABLES[kind]
@@ -375,12 +382,32 @@ class Store:
         async with self.engine.connect() as conn:
             return await failovers.read_trace(conn, trace_id)
 
+    # --- registrations (what agents observe) ----------------------------------------------
+
+    async def put_observed(self, record: observed.ObservedRecord) -> None:
+        """Keep `record` as its node's latest registration (the refusal, if any, stays)."""
+        async with self.engine.begin() as conn:
+            await observed.write_observed(conn, record)
+
+    async def put_refused(self, node: str, error: str, at: datetime) -> None:
+        """Note that `node`'s latest registration was refused; its last good one stays."""
+        async with self.engine.begin() as conn:
+            await observed.write_refused(conn, node, error, at)
+
+    async def observed_nodes(self) -> list[observed.ObservedRecord]:
+        """Every node's stored registration and last refusal."""
+        async with self.engine.connect() as conn:
+            return await observed.read_observed(conn)
+
 
 class _WriteTransaction:
     """`async with` one write transaction; a unique-constraint hit becomes a FabricError."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+        # SQLite: take the write lock at BEGIN. A deferred transaction that reads first and
+        # then writes cannot wait for another writer (SQLite refuses the upgrade at once:
+        # "database is locked", seen with the bootstrap token beside health's writer).
+        self._engine = engine.execution_options(thorn_write=True)
         self._ctx: Any = None
 
     async def __aenter__(self) -> AsyncConnection:
@@ -495,6 +522,8 @@ def _build_fabric(
         fabric.add_tep(Tep.model_validate(dict(r)))
     for r in rows["workload"]:
         fabric.add_workload(Workload.model_validate(dict(r)))
+    for r in rows["cabling"]:
+        fabric.miscabled[r["link_id"]] = Miscabled.model_validate(dict(r))
     fabric.next_link_id = max(fabric.next_link_id, next_link_id)
     return fabric
 
@@ -521,4 +550,5 @@ def _sqlite_pragmas(engine: AsyncEngine) -> None:
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN")
+        write = conn.get_execution_options().get("thorn_write", False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")

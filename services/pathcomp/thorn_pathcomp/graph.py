@@ -2,7 +2,8 @@
 
 Switches are numbered in name order, so every tie in the algorithms breaks the same way on
 every run and every replica. A link carries traffic only when it and both its nodes are `up`:
-`down` is out of service and `drained` is being emptied for maintenance, so both are left out.
+`down` is out of service and `drained` is being emptied for maintenance, so both are left out,
+and so is a link the cabling check found miscabled (`Fabric.miscabled`).
 Hosts are not transit nodes: they attach to one or more switches, and hosts with the same set
 of switches form an attachment group that shares one pair of trees.
 """
@@ -124,6 +125,9 @@ class FabricGraph:
             elif not (usable_node[a.node] and usable_node[b.node]):
                 excluded[link.id] = "an end node is not up"
                 usable = False
+            elif link.id in fabric.miscabled:  # out like a drained link, until heard right
+                excluded[link.id] = f"link is miscabled: {fabric.miscabled[link.id].reason}"
+                usable = False
             srlgs = frozenset(link.srlgs)
             a_switch, b_switch = a.node in index, b.node in index
             if a_switch and b_switch:
@@ -196,8 +200,8 @@ class FabricGraph:
                 raise KeyError(f"link {link_id} is not a fabric link")
             if up:
                 excluded.pop(link_id, None)
-            else:
-                excluded[link_id] = "out of service"
+            else:  # a reason the link was already out for (drained, miscabled) stays
+                excluded.setdefault(link_id, "out of service")
         adjacency = list(self.adjacency)
         for v in switches_touched:
             adjacency[v] = sorted(

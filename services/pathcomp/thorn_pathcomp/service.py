@@ -330,6 +330,7 @@ class PathService:
             changes = {
                 link_id: self.link_states[link_id]
                 and fabric.links[link_id].admin_state.value == "up"
+                and link_id not in fabric.miscabled  # health's up does not undo the check
                 for link_id in events
                 if link_id in fabric.links
             }

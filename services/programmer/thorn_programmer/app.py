@@ -29,6 +29,7 @@ from thorn_programmer.bfd.supervised import SupervisedBfd
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
 from thorn_programmer.overrides import Overrides
+from thorn_programmer.register import Registrar
 from thorn_programmer.repair import LocalRepair
 from thorn_programmer.reports import Reporter
 
@@ -145,7 +146,15 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 )
                 for node, netns in served
             ]
-            tasks = []
+            registrars = [
+                Registrar(node, the_bus, netns, period=settings.register_seconds,
+                          probe_interval=settings.neighbour_probe_seconds)
+                for node, netns in served
+            ]  # fmt: skip
+            tasks = [
+                asyncio.create_task(supervised(r.node, r.run), name=f"register-{r.node}")
+                for r in registrars
+            ]
             for agent, reporter in zip(agents, reporters, strict=True):
                 repairs[agent.node].on_failover = agent.record_failover  # tier "switch"
 
@@ -160,6 +169,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 ]  # fmt: skip
             app.state.agents = agents
             app.state.reporters = reporters
+            app.state.registrars = registrars
             app.state.repairs = repairs
             app.state.bfd = None
             if settings.bfd_sessions != "off":
@@ -191,6 +201,16 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
         return [asdict(a.status) | {"withdrawn": sorted(repairs[a.node].withdrawn),
                                     "restore_held": repairs[a.node].holding()}
                 for a in request.app.state.agents]  # fmt: skip
+
+    @app.get("/registration", include_in_schema=False)
+    async def registration(request: Request) -> list[dict[str, Any]]:
+        """Each agent's last registration with topology, topology's answer, and the ports
+        its neighbour probe runs on."""
+        return [{"node": r.node, "seq": r.seq, "unanswered": r.unanswered,
+                 "reply": r.last_reply.model_dump() if r.last_reply else None,
+                 "probe_ports": r.probe_ports(),
+                 "observed": r.last_sent.model_dump(mode="json") if r.last_sent else None}
+                for r in request.app.state.registrars]  # fmt: skip
 
     @app.get("/bfd", include_in_schema=False)
     async def bfd(request: Request) -> dict[str, Any]:

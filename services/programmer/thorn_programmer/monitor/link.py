@@ -19,6 +19,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 from thorn_programmer.monitor.parse import (
     NLM_F_DUMP_INTR,
@@ -54,11 +55,14 @@ class DumpInterrupted(OSError):
     """Links kept changing during every dump attempt (NLM_F_DUMP_INTR each time)."""
 
 
-def _dump(sock: socket.socket, seq: int) -> list[tuple[int, bytes]]:
-    """(type, payload) of every RTM_NEWLINK of one consistent RTM_GETLINK dump."""
+def dump(
+    sock: socket.socket, seq: int, request: Callable[[int], bytes] = getlink_dump
+) -> list[tuple[int, bytes]]:
+    """(type, payload) of every message of one consistent dump (`request(seq)` asks for it:
+    by default RTM_GETLINK, every link)."""
     for attempt in range(_DUMP_RETRIES):
         ours = (seq + attempt) & 0xFFFFFFFF
-        sock.send(getlink_dump(ours))
+        sock.send(request(ours))
         parts: list[tuple[int, bytes]] = []
         interrupted = False
         done = False
@@ -69,7 +73,7 @@ def _dump(sock: socket.socket, seq: int) -> list[tuple[int, bytes]]:
                 if mtype in (NLMSG_ERROR, NLMSG_DONE):
                     code = error_code(payload)
                     if code:
-                        raise OSError(code, f"link dump: {errno.errorcode.get(code, code)}")
+                        raise OSError(code, f"dump: {errno.errorcode.get(code, code)}")
                     interrupted |= bool(flags & NLM_F_DUMP_INTR)
                     done = True
                     break
@@ -77,7 +81,7 @@ def _dump(sock: socket.socket, seq: int) -> list[tuple[int, bytes]]:
                 parts.append((mtype, payload))
         if not interrupted:
             return parts
-    raise DumpInterrupted(errno.EINTR, "link dump interrupted on every attempt")
+    raise DumpInterrupted(errno.EINTR, "dump interrupted on every attempt")
 
 
 class _Dumper:
@@ -94,7 +98,7 @@ class _Dumper:
         # Stamped before asking: an event read after this instant may be newer than the dump.
         at = time.time_ns()
         with self._lock:
-            parts = _dump(self.sock, next(self._seq))
+            parts = dump(self.sock, next(self._seq))
         links = [e for t, p in parts if (e := parse_link(t, p, at)) is not None]
         counters = dict(c for t, p in parts if (c := parse_counters(t, p)) is not None)
         return links, counters

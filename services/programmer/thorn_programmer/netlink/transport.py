@@ -16,7 +16,7 @@ import errno as errnos
 import os
 import socket
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import TracebackType
 
 from thorn_programmer.netlink.constants import (
@@ -75,17 +75,23 @@ def _new_socket(rcvbuf: int, sndbuf: int) -> socket.socket:
     return sock
 
 
-def open_socket(netns: str | None, rcvbuf: int, sndbuf: int) -> socket.socket:
-    """A NETLINK_ROUTE socket in `netns` (a name under /run/netns or a path); it stays there."""
+def socket_in_netns(netns: str | None, make: Callable[[], socket.socket]) -> socket.socket:
+    """The socket `make` opens, opened in `netns` (a name under /run/netns or a path); a
+    socket stays in the namespace it was made in. This thread returns home after."""
     if netns is None:
-        return _new_socket(rcvbuf, sndbuf)
+        return make()
     path = netns if netns.startswith("/") else f"/run/netns/{netns}"
     with open("/proc/thread-self/ns/net", "rb") as home, open(path, "rb") as target:
         _setns(target.fileno())
         try:
-            return _new_socket(rcvbuf, sndbuf)
+            return make()
         finally:
             _setns(home.fileno())
+
+
+def open_socket(netns: str | None, rcvbuf: int, sndbuf: int) -> socket.socket:
+    """A NETLINK_ROUTE socket in `netns` (a name under /run/netns or a path); it stays there."""
+    return socket_in_netns(netns, lambda: _new_socket(rcvbuf, sndbuf))
 
 
 class TcSocket:
