@@ -164,8 +164,9 @@ def test_a_change_of_mode_deletes_the_old_rules_before_adding_the_new() -> None:
         Change("replace", hw(decap), decap),
         Change("replace", hw(encap), encap),
     ]
+    deletes, rest = remade_for_mode(changes)
     remade = [(c.op, type(c.obj).__name__, getattr(c.obj, "skip_sw", None)) for c in
-              remade_for_mode(changes)]  # fmt: skip
+              deletes + rest]  # fmt: skip
     assert remade == [
         ("delete", "EncapRule", False),  # rules before the action they bind
         ("delete", "DecapRule", False),
@@ -177,4 +178,4 @@ def test_a_change_of_mode_deletes_the_old_rules_before_adding_the_new() -> None:
     ]
     # A replace within one mode (the failover flip) stays a replace.
     flip = [Change("replace", TunnelAction("h2", 100, "10.224.0.1", "10.240.0.2"), action)]
-    assert remade_for_mode(flip) == flip
+    assert remade_for_mode(flip) == ([], flip)

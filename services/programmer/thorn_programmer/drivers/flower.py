@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -75,6 +76,7 @@ from thorn_programmer.netlink import (
     FlowerMatch,
     Gact,
     Mirred,
+    TcError,
     TcSocket,
     TunnelKeySet,
     TunnelKeyUnset,
@@ -89,6 +91,7 @@ from thorn_programmer.render import FLOWER_TUNNEL, flower_objects
 
 GROUP_BIT = "01:00:00:00:00:00"  # dst_mac/mask for every group (broadcast, multicast) address
 OFFLOADED = (TunnelAction, EncapRule, FloodRule, DecapRule)  # the objects with a skip_sw flag
+UNBIND_WAIT_S = 2.0  # a change of mode waits this long at most for deleted rules to unbind
 
 log = structlog.get_logger("thorn.programmer")
 
@@ -241,7 +244,39 @@ class FlowerDriver(NetlinkDatapath):
     # --- writing ---------------------------------------------------------------------------
 
     async def apply(self, changes: Sequence[Change]) -> ApplyReport:
-        return await super().apply(remade_for_mode(changes))
+        old_mode, rest = remade_for_mode(changes)
+        if not old_mode:
+            return await super().apply(changes)
+        # A filter lets go of its actions only after an RCU grace period (cls_flower destroys
+        # it in deferred work): until then a delete of the action is refused as still bound.
+        rules = [c for c in old_mode if not isinstance(c.obj, TunnelAction)]
+        actions = [c.old for c in old_mode if isinstance(c.old, TunnelAction)]
+        first = await super().apply(rules)
+        await self._unbound([a.index for a in actions if a.index])
+        second = await super().apply(
+            [*(c for c in old_mode if isinstance(c.obj, TunnelAction)), *rest]
+        )
+        return ApplyReport(applied=first.applied + second.applied,
+                           errors=first.errors + second.errors,
+                           deferred=first.deferred + second.deferred,
+                           sendmsgs=first.sendmsgs + second.sendmsgs)  # fmt: skip
+
+    async def _unbound(self, indexes: list[int]) -> None:
+        """Wait (up to UNBIND_WAIT_S) until no filter is bound to these tunnel actions."""
+        deadline = time.monotonic() + UNBIND_WAIT_S
+        waiting = list(indexes)
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for index in waiting:
+                try:
+                    state = await asyncio.to_thread(self.tc.action, "tunnel_key", index)
+                except TcError:
+                    continue  # gone already
+                if state.bindcnt:
+                    still.append(index)
+            waiting = still
+            if waiting:
+                await asyncio.sleep(0.01)
 
     def _message(self, change: Change) -> bytes | None:
         obj = change.obj
@@ -392,20 +427,21 @@ _TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def remade_for_mode(changes: Sequence[Change]) -> list[Change]:
+def remade_for_mode(changes: Sequence[Change]) -> tuple[list[Change], list[Change]]:
     """A rule or action whose offload mode changes cannot be replaced in place (a shared
     action keeps its flags while filters are bound to it, and the kernel refuses a binding
-    whose flags differ): such replaces become a delete of the old one, first and in reverse
-    rank (rules before the actions they bind), and an add of the new one where it was."""
+    whose flags differ): such replaces become a delete of the old one and an add of the new
+    one where it was. Returns (the deletes, in reverse rank: rules before the actions they
+    bind; everything else, in order). No change of mode: ([], changes)."""
     switched = [c for c in changes if c.op == "replace" and isinstance(c.old, OFFLOADED)
                 and isinstance(c.new, OFFLOADED) and c.old.skip_sw != c.new.skip_sw]  # fmt: skip
     if not switched:
-        return list(changes)
+        return [], list(changes)
     gone = set(map(id, switched))
     deletes = sorted((Change("delete", None, c.old) for c in switched),
                      key=lambda c: -RANK[type(c.obj)])  # fmt: skip
     rest = [Change("add", c.new, None) if id(c) in gone else c for c in changes]
-    return [*deletes, *rest]
+    return deletes, rest
 
 
 def _is_v4(address: str) -> bool:
