@@ -128,15 +128,14 @@ class FlowerDriver(NetlinkDatapath):
     # --- offload policy ----------------------------------------------------------------------
 
     async def prepare(self, intent: Intent) -> None:
-        """Decide the node's mode when its policy or its set of representors changed."""
+        """Decide the node's mode when its policy, its set of representors, or which of them
+        exist (as of the last read) changed; otherwise this costs nothing."""
         assert isinstance(intent, HostIntent)
         devices = tuple(sorted({w.rep for w in intent.local}))
-        key = (intent.offload, devices)
+        key = (intent.offload, devices, tuple(d in self.ifindex for d in devices))
         if key == self._decided_for:
             return
         decision = await self._decide(intent.offload, devices)
-        if decision.mode != self.decision.mode:
-            self._templates.clear()  # prebuilt messages carry the old flags
         self.decision, self._decided_for = decision, key
         fell_back = decision.reason is not None
         (log.warning if fell_back else log.info)(
