@@ -20,6 +20,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 ColourName = Literal["red", "blue"]
+OffloadName = Literal["auto", "hardware", "software"]  # thorn.model.OffloadPolicy's values
 
 
 class _Doc(BaseModel):
@@ -104,6 +105,9 @@ class HostState(_Doc):
     local: list[LocalWorkload]
     vnis: list[int]
     blue_peers: list[str]
+    offload: OffloadName = Field(
+        "auto", description="the node's offload policy (thorn.model.OffloadPolicy)"
+    )
 
 
 class VniState(_Doc):

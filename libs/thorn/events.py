@@ -370,6 +370,33 @@ class FlipCommand(Event):
         return agent_flip_subject(self.node)
 
 
+class OffloadReport(BaseModel):
+    """Where a host's TC rules run: the node's policy, the mode the agent chose, why it is not
+    what the policy asked for (a fallback, the kernel's refusal), and what the kernel says of
+    THORN's rules when read back (TCA_CLS_FLAGS_IN_HW / NOT_IN_HW, TCA_FLOWER_IN_HW_COUNT)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: Literal["auto", "hardware", "software"]
+    mode: Literal["hardware", "software"] = Field(
+        description="hardware: rules carry skip_sw; software: skip_hw"
+    )
+    reason: str | None = Field(
+        None, description="why the mode is not the NIC (auto's fallback) or the NIC refused "
+        "(hardware: the kernel's words); null: as the policy asked"
+    )  # fmt: skip
+    devices: dict[str, str] = Field(
+        default_factory=dict,
+        description="each representor carrying rules: 'switchdev', or why it is not one",
+    )
+    filters: int = Field(0, ge=0, description="THORN's flower filters read back")
+    in_hw: int = Field(0, ge=0, description="... of which the kernel reports in_hw")
+    not_in_hw: int = Field(0, ge=0, description="... of which it reports not_in_hw")
+    in_hw_count: int = Field(0, ge=0, description="sum of the filters' in_hw_count")
+    actions: int = Field(0, ge=0, description="THORN's shared tunnel actions read back")
+    actions_in_hw: int = Field(0, ge=0, description="... of which with in_hw_count > 0")
+
+
 class DatapathApplied(Event):
     """Node `node`'s agent reconciled its datapath to desired-state key revision
     `key_revision` (plan `plan_revision`): how many kernel changes it made, and what failed.
@@ -386,6 +413,7 @@ class DatapathApplied(Event):
     errors: list[str] = Field(default_factory=list)
     seconds: float = Field(ge=0)
     at: UtcDatetime
+    offload: OffloadReport | None = Field(None, description="hosts on the flower driver")
 
     @property
     def subject(self) -> str:
@@ -596,6 +624,7 @@ __all__ = [
     "Hop",
     "KeyValueSpec",
     "LinkHealthChanged",
+    "OffloadReport",
     "PathsChanged",
     "RegistrationReply",
     "StreamSpec",

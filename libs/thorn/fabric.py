@@ -312,6 +312,8 @@ class Fabric:
             values["labels"] = update.labels or {}
         if update.admin_state is not None:
             values["admin_state"] = update.admin_state
+        if update.offload is not None:
+            values["offload"] = update.offload
         new = Node(**values)
         if new == node:
             return []  # nothing to change: no revision, no event

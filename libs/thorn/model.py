@@ -104,6 +104,16 @@ class Role(StrEnum):
     switch = "switch"
 
 
+class OffloadPolicy(StrEnum):
+    """A host's TC offload: `auto` puts rules in the NIC (skip_sw) where it is a switchdev
+    eswitch that accepts them, else in software (skip_hw); `hardware` always asks for the
+    NIC (refused where it cannot); `software` never does. Ignored on switches."""
+
+    auto = "auto"
+    hardware = "hardware"
+    software = "software"
+
+
 class AdminState(StrEnum):
     """up carries traffic; drained is avoided by path computation; down is out of service."""
 
@@ -163,6 +173,11 @@ class NodeBase(Strict):
     mgmt_address: UsableAddress | None = None
     labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
     admin_state: AdminState = AdminState.up
+    offload: OffloadPolicy = Field(
+        OffloadPolicy.auto,
+        description="hosts: where the datapath's TC rules run (auto, "
+        "hardware, software); see docs/datapath.md",
+    )
 
 
 class NodeSpec(NodeBase):
@@ -187,6 +202,7 @@ class NodeUpdate(Strict):
     mgmt_address: UsableAddress | None = None
     labels: dict[LabelKey, LabelValue] | None = None
     admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = None
+    offload: Annotated[OffloadPolicy | None, BeforeValidator(_not_null)] = None
 
 
 # --- links -------------------------------------------------------------------------------

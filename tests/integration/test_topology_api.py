@@ -652,3 +652,27 @@ async def test_undrain_refuses_a_node_that_is_down_naming_admin_state(api: Api) 
     (error,) = response.json()["errors"]
     assert error["loc"] == ["body", "admin_state"]
     assert "is down, not drained" in error["msg"]
+
+
+async def test_a_hosts_offload_policy_defaults_to_auto_and_is_patched(api: Api) -> None:
+    created = await api.call("POST", "/nodes", json={"name": "h1", "role": "host"})
+    assert created.status_code == 201, created.text
+    assert created.json()["offload"] == "auto"
+    patched = await api.call("PATCH", "/nodes/h1", json={"offload": "software"})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["offload"] == "software"
+    assert (await api.call("GET", "/nodes/h1")).json()["offload"] == "software"
+    exported = (await api.call("GET", "/fabric")).json()
+    assert [n["offload"] for n in exported["nodes"] if n["name"] == "h1"] == ["software"]
+
+
+async def test_a_bad_offload_policy_is_a_422_naming_the_field(api: Api) -> None:
+    bad = await api.call("POST", "/nodes", json={"name": "h1", "role": "host", "offload": "nic"})
+    assert bad.status_code == 422
+    assert bad.json()["errors"][0]["loc"] == ["body", "offload"]
+    await api.call("POST", "/nodes", json={"name": "h1", "role": "host"})
+    for value in ("nic", None):
+        refused = await api.call("PATCH", "/nodes/h1", json={"offload": value})
+        assert refused.status_code == 422, value
+        assert refused.json()["errors"][0]["loc"] == ["body", "offload"]
+    assert (await api.call("GET", "/nodes/h1")).json()["offload"] == "auto"

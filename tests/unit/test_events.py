@@ -28,6 +28,7 @@ from thorn.events import (
     FlipCommand,
     KeyValueSpec,
     LinkHealthChanged,
+    OffloadReport,
     PathsChanged,
     StreamSpec,
     TopologyChanged,
@@ -141,6 +142,24 @@ def sample_events() -> list[Event]:
             errors=["device 'vf7_rep' does not exist"],
             seconds=0.012,
             at=AT,
+        ),
+        DatapathApplied(
+            node="host-b",
+            driver="flower",
+            key_revision=9,
+            plan_revision=3,
+            changes=4,
+            seconds=0.004,
+            at=AT,
+            offload=OffloadReport(
+                policy="auto",
+                mode="software",
+                reason="vf0_rep: not a switchdev port (no phys_switch_id)",
+                devices={"vf0_rep": "not a switchdev port (no phys_switch_id)"},
+                filters=3,
+                not_in_hw=3,
+                actions=1,
+            ),
         ),
     ]
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from thorn.desired import HostState, SwitchState, VniState
 from thorn.fabric import Fabric
 from thorn.generators import fat_tree, leaf_spine
-from thorn.model import AdminState, LinkUpdate
+from thorn.model import AdminState, LinkUpdate, OffloadPolicy
 from thorn_pathcomp.desired import HOST_STAGE, DesiredStates, NodeChange, diff
 from thorn_pathcomp.plan import Plan
 
@@ -204,3 +204,13 @@ def test_a_first_programming_writes_whole_documents_at_stage_zero() -> None:
     spine = orjson.loads(states.document_at("spine2", 0))
     # Every spine route belongs to a later stage, yet the first write carries them all.
     assert len(spine["routes"]) == 4 and min(r["stage"] for r in spine["routes"]) > 0
+
+
+def test_a_hosts_document_carries_its_offload_policy() -> None:
+    document = leaf_spine(2, 2, 1)
+    nodes = [n.model_copy(update={"offload": OffloadPolicy.hardware}) if n.name == "host1" else n
+             for n in document.nodes]  # fmt: skip
+    fabric = Fabric.from_document(document.model_copy(update={"nodes": nodes}))
+    states = DesiredStates.build(fabric, Plan.compute(fabric), revision=1)
+    assert HostState.model_validate_json(states.document("host1")).offload == "hardware"
+    assert HostState.model_validate_json(states.document("host2")).offload == "auto"

@@ -27,6 +27,9 @@ class Kernel:
         self.applied_under_lock: list[bool] = []
         self.read_under_lock: list[bool] = []
 
+    async def prepare(self, intent: SwitchIntent) -> None:
+        pass  # as NetlinkDatapath's: nothing to ask the kernel before rendering
+
     def render(self, intent: SwitchIntent) -> list[KernelObject]:
         return [Route(r.prefix, r.dev, r.via, 10) for r in intent.routes]
 

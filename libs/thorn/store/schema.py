@@ -51,6 +51,7 @@ class NodeRow(Base):
     mgmt_address: Mapped[str | None] = mapped_column(String(ADDR), unique=True)
     labels: Mapped[dict[str, Any]]
     admin_state: Mapped[str] = mapped_column(String(16))
+    offload: Mapped[str] = mapped_column(String(16), default="auto", server_default="auto")
 
 
 class PortRow(Base):

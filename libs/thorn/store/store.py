@@ -528,11 +528,11 @@ def _build_fabric(
     return fabric
 
 
-def _upgrade(conn: Connection) -> None:
+def _upgrade(conn: Connection, revision: str = "head") -> None:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = conn
-    command.upgrade(config, "head")
+    command.upgrade(config, revision)
 
 
 def _sqlite_pragmas(engine: AsyncEngine) -> None:

@@ -59,6 +59,7 @@ class _Topology:
     defaults: list[str]  # default prefixes of the TEP address families in use
     missing_red: bool  # some host has no red TEP: its peers must use blue
     local: dict[str, list[dict[str, Any]]]  # host -> its workloads
+    offload: dict[str, str]  # host -> its offload policy
     members: dict[int, list[dict[str, Any]]]  # VNI -> workloads with their hosts' TEPs
     peers: dict[str, set[str]] | None = None  # host -> its peer hosts (made when first asked)
 
@@ -81,6 +82,7 @@ class _Topology:
             defaults=sorted({_default(a) for a in tep.values()}),
             missing_red=any((node, "red") not in tep for node, _ in tep),
             local=local,
+            offload={n.name: n.offload.value for n in fabric.nodes.values()},
             members=members,
         )
 
@@ -292,6 +294,7 @@ class DesiredStates:
             "local": local,
             "vnis": vnis,
             "blue_peers": blue_peers,
+            "offload": topo.offload.get(host, "auto"),
         }
 
     def peers_of(self, host: str) -> set[str]:

@@ -47,6 +47,7 @@ from thorn.events import (
     FailoverEvent,
     FailoverTier,
     FlipCommand,
+    OffloadReport,
     Trace,
     agent_flip_subject,
     utcnow,
@@ -125,6 +126,8 @@ class AgentStatus:
     last_errors: list[str] = field(default_factory=list)
     last_seconds: float = 0.0
     overrides: dict[str, str] = field(default_factory=dict)
+    # Hosts on the flower driver: the offload mode, why (a fallback) and the read-back.
+    offload: OffloadReport | None = None
 
 
 class NodeAgent:
@@ -356,6 +359,7 @@ class NodeAgent:
         s.last_errors = [e.message for e in result.errors]
         s.last_seconds = result.seconds
         s.overrides = dict(self.overrides.colours())
+        s.offload = self._driver.offload_report() if self._driver is not None else None
         RECONCILES.labels(self.node, result.driver, "ok" if result.ok else "error").inc()
         RECONCILE_SECONDS.observe(result.seconds)
         APPLIED_REVISION.labels(self.node).set(result.revision)
@@ -382,6 +386,7 @@ class NodeAgent:
             node=self.node, driver=result.driver, key_revision=self.status.key_revision,
             plan_revision=result.revision, changes=len(result.applied),
             errors=self.status.last_errors, seconds=result.seconds, at=utcnow(),
+            offload=self.status.offload,
         )  # fmt: skip
         try:
             await self.bus.publish(event)

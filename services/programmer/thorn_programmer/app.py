@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from thorn.bus import Bus
 from thorn.config import Settings
+from thorn.events import OffloadReport
 from thorn.telemetry import instrument
 from thorn.watchdog import LoopWatchdog
 from thorn_programmer.agent import AgentStatus, DriverFactory, NodeAgent
@@ -55,6 +56,9 @@ class AgentStatusOut(BaseModel):
     )
     restore_held: list[str] = Field(
         description="... of those, the ports whose session is Up again, waiting for the up hold"
+    )
+    offload: OffloadReport | None = Field(
+        None, description="hosts on the flower driver: offload mode, fallback reason, read-back"
     )
 
 

@@ -19,7 +19,14 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from thorn.desired import ColourName, HostState, SwitchState, VniMember, VniState
+from thorn.desired import (
+    ColourName,
+    HostState,
+    OffloadName,
+    SwitchState,
+    VniMember,
+    VniState,
+)
 
 COLOURS: tuple[ColourName, ColourName] = ("red", "blue")
 
@@ -90,6 +97,7 @@ class HostIntent:
     peers: tuple[Peer, ...]
     # VNIs whose membership is not complete yet: their encap is left as it is.
     incomplete: frozenset[int] = field(default_factory=frozenset)
+    offload: OffloadName = "auto"  # the node's policy (drivers/offload.py decides per node)
 
     @property
     def vnis(self) -> list[int]:
@@ -206,4 +214,5 @@ def host_intent(
         local=local,
         peers=tuple(peers),
         incomplete=frozenset(incomplete),
+        offload=state.offload,
     )

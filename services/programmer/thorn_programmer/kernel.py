@@ -28,6 +28,11 @@ PRIO_BASE = 0xC000  # tc priorities of THORN's filters: this band, and only this
 PRIO_BAND = 0x400
 ACTION_INDEX_BASE = 0x54480000  # "TH": indexes of THORN's shared tc actions
 ACTION_INDEX_BAND = 0x10000
+# THORN's probes of what the kernel accepts (added and deleted at once; a leftover is THORN's
+# own and reconcile removes it): a filter at the band's first priority, an action at its last
+# index.
+PROBE_PRIO = PRIO_BASE
+PROBE_INDEX = ACTION_INDEX_BASE + ACTION_INDEX_BAND - 1
 TEP_DEVICE = "lo"  # the TEPs live on the loopback device (not every kernel has dummy) ...
 # ... labelled (TEP_LABEL, from thorn.desired), so THORN knows its own addresses
 VXLAN_PORT = 4789
@@ -181,6 +186,7 @@ class TunnelAction:
     src: str
     dst: str
     index: int = field(default=0, compare=False)  # assigned when created
+    skip_sw: bool = False  # in the NIC only (skip_sw), else in software only (skip_hw)
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -196,6 +202,7 @@ class EncapRule:
     peer: str
     vni: int
     handle: int = field(default=0, compare=False)
+    skip_sw: bool = False  # as TunnelAction's (the kernel wants a rule's and its action's equal)
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -217,6 +224,7 @@ class FloodRule:
     last: bool = True
     mirrors: tuple[str, ...] = ()
     handle: int = field(default=0, compare=False)
+    skip_sw: bool = False
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -247,6 +255,7 @@ class DecapRule:
     mac: str
     reps: tuple[str, ...]
     handle: int = field(default=0, compare=False)
+    skip_sw: bool = False
 
     @property
     def key(self) -> tuple[object, ...]:

@@ -44,6 +44,7 @@ class ReconcileResult:
 
 async def plan_changes(driver: NetlinkDatapath, intent: Intent) -> list[Change]:
     """What reconcile would do now (a dry run)."""
+    await driver.prepare(intent)
     desired = driver.render(intent)
     actual = [o for o in await driver.read() if not held(intent, o)]
     return diff(desired, actual)

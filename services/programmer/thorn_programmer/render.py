@@ -158,7 +158,9 @@ def emulation_objects(intent: HostIntent) -> list[KernelObject]:
     return objects
 
 
-def flower_objects(intent: HostIntent) -> list[KernelObject]:
+def flower_objects(intent: HostIntent, *, skip_sw: bool = False) -> list[KernelObject]:
+    """`skip_sw`: the rules and their shared actions run in the NIC only (drivers/offload.py
+    decides), else in software only."""
     objects: list[KernelObject] = [*_teps(intent), *_underlay(intent)]
     by_vni = _by_vni(intent)
     if not by_vni:
@@ -170,21 +172,26 @@ def flower_objects(intent: HostIntent) -> list[KernelObject]:
             objects.append(Clsact(dev=w.rep))
         objects.extend(_local_switching(locals_, None))
         for w in locals_:
-            objects.append(DecapRule(vni=vni, mac=w.mac, reps=(w.rep,)))
+            objects.append(DecapRule(vni=vni, mac=w.mac, reps=(w.rep,), skip_sw=skip_sw))
         reps = tuple(w.rep for w in locals_)
-        objects.append(DecapRule(vni=vni, mac=BROADCAST_MAC, reps=reps))
+        objects.append(DecapRule(vni=vni, mac=BROADCAST_MAC, reps=reps, skip_sw=skip_sw))
         if vni in intent.incomplete:
             continue
         tunnels: dict[str, TunnelAction] = {}
         for p in peers:
             if p.host not in tunnels:
                 tunnels[p.host] = TunnelAction(
-                    peer=p.host, vni=vni, src=intent.source_tep(p.colour), dst=p.tep
+                    peer=p.host,
+                    vni=vni,
+                    src=intent.source_tep(p.colour),
+                    dst=p.tep,
+                    skip_sw=skip_sw,
                 )
         objects.extend(tunnels.values())
         for w in locals_:
             for p in peers:
-                objects.append(EncapRule(dev=w.rep, mac=p.mac, peer=p.host, vni=vni))
+                objects.append(EncapRule(dev=w.rep, mac=p.mac, peer=p.host, vni=vni,
+                                         skip_sw=skip_sw))  # fmt: skip
         hosts = sorted(tunnels)
         parts = [
             tuple(hosts[i : i + FLOOD_TARGETS_PER_RULE])
@@ -203,7 +210,8 @@ def flower_objects(intent: HostIntent) -> list[KernelObject]:
             for n, part in enumerate(rules):
                 objects.append(FloodRule(dev=w.rep, part=n, vni=vni, peers=part,
                                          last=n == len(rules) - 1,
-                                         mirrors=mirrors if n == 0 else ()))  # fmt: skip
+                                         mirrors=mirrors if n == 0 else (),
+                                         skip_sw=skip_sw))  # fmt: skip
     return objects
 
 

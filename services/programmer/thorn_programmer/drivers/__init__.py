@@ -30,7 +30,7 @@ from thorn_programmer.drivers.emulation import EmulationDriver
 from thorn_programmer.drivers.flower import FlowerDriver
 from thorn_programmer.drivers.netlink import NetlinkDatapath
 from thorn_programmer.drivers.switch import SwitchRouteDriver
-from thorn_programmer.kernel import ACTION_INDEX_BAND, ACTION_INDEX_BASE, PRIO_BASE, VXLAN_PORT
+from thorn_programmer.kernel import PROBE_INDEX, PROBE_PRIO, VXLAN_PORT
 from thorn_programmer.netlink import (
     FlowerFilter,
     FlowerMatch,
@@ -52,8 +52,6 @@ __all__ = ["DatapathChoice", "NetlinkDatapath", "open_driver", "probe_flower"]
 log = structlog.get_logger("thorn.programmer")
 
 DatapathChoice = Literal["auto", "flower", "emulation"]
-PROBE_INDEX = ACTION_INDEX_BASE + ACTION_INDEX_BAND - 1
-PROBE_PRIO = PRIO_BASE
 _probed: tuple[bool, str] | None = None
 _probe_lock = asyncio.Lock()
 

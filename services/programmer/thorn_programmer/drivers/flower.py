@@ -11,20 +11,36 @@ Every rule toward a peer host binds that host's one tunnel action, so moving the
 its other colour is a single `RTM_NEWACTION` replace, for unicast and BUM alike. Shared
 actions take indexes in THORN's band (`ACTION_INDEX_BASE`), filters THORN's priorities.
 
-Offload: rules and their shared actions carry `skip_hw` (or `skip_sw` with
-`offload=True`, for switchdev NICs); the two must agree or the kernel refuses the filter.
+Offload: rules and their shared actions carry `skip_hw`, or `skip_sw` where the node's
+policy and its NIC allow (drivers/offload.py, decided in `prepare` before each render); the
+two must agree or the kernel refuses the filter. A change of mode cannot be a replace (a
+shared action's flags are fixed while filters are bound to it): `apply` deletes the rules
+and actions of the old mode first, then adds the new ones. Read back, every rule's
+in_hw/not_in_hw/in_hw_count and every action's in_hw_count land in `offload_report()`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
+import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import structlog
 from pyroute2 import AsyncIPRoute
+from pyroute2.netlink.exceptions import NetlinkError
 
-from thorn_programmer.drivers.netlink import MissingDevice, NetlinkDatapath, owned_prio
+from thorn.desired import OffloadName
+from thorn.events import OffloadReport
+from thorn_programmer.drivers import offload
+from thorn_programmer.drivers.netlink import (
+    ApplyReport,
+    MissingDevice,
+    NetlinkDatapath,
+    owned_prio,
+)
 from thorn_programmer.drivers.templates import (
     PLACEHOLDER_DST,
     PLACEHOLDER_INDEX,
@@ -41,6 +57,7 @@ from thorn_programmer.kernel import (
     PRIO_DECAP,
     PRIO_ENCAP,
     PRIO_FLOOD,
+    RANK,
     VXLAN_PORT,
     Change,
     DecapRule,
@@ -59,6 +76,7 @@ from thorn_programmer.netlink import (
     FlowerMatch,
     Gact,
     Mirred,
+    TcError,
     TcSocket,
     TunnelKeySet,
     TunnelKeyUnset,
@@ -72,6 +90,10 @@ from thorn_programmer.netlink import (
 from thorn_programmer.render import FLOWER_TUNNEL, flower_objects
 
 GROUP_BIT = "01:00:00:00:00:00"  # dst_mac/mask for every group (broadcast, multicast) address
+OFFLOADED = (TunnelAction, EncapRule, FloodRule, DecapRule)  # the objects with a skip_sw flag
+UNBIND_WAIT_S = 2.0  # a change of mode waits this long at most for deleted rules to unbind
+
+log = structlog.get_logger("thorn.programmer")
 
 
 def owned_index(index: int) -> bool:
@@ -81,22 +103,71 @@ def owned_index(index: int) -> bool:
 class FlowerDriver(NetlinkDatapath):
     name: ClassVar[str] = "flower"
 
-    def __init__(
-        self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket, *, offload: bool = False
-    ) -> None:
+    def __init__(self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket) -> None:
         super().__init__(ip, netns, tc)
-        self.skip_hw, self.skip_sw = (False, True) if offload else (True, False)
+        # Software until `prepare` has heard the node's policy: what THORN always did.
+        self.decision = offload.Decision("software", "software")
+        self._decided_for: tuple[object, ...] | None = None
+        self._readback: tuple[list[tuple[bool, bool, int | None]], list[int | None]] = ([], [])
         self._peer_of_tep: dict[str, str] = {}
         self._index: dict[tuple[str, int], int] = {}  # (peer, vni) -> shared action index
         self._handles: dict[tuple[object, ...], int] = {}  # rule key -> filter handle
         self._templates: dict[object, Template | None] = {}
         self._next_index = ACTION_INDEX_BASE
 
+    @property
+    def skip_sw(self) -> bool:
+        return self.decision.skip_sw
+
     def render(self, intent: Intent) -> list[KernelObject]:
         assert isinstance(intent, HostIntent)
         # Reading back needs to know whose TEP a tunnel action points at.
         self._peer_of_tep = {tep: peer.host for peer in intent.peers for tep in peer.teps.values()}
-        return flower_objects(intent)
+        return flower_objects(intent, skip_sw=self.skip_sw)
+
+    # --- offload policy ----------------------------------------------------------------------
+
+    async def prepare(self, intent: Intent) -> None:
+        """Decide the node's mode when its policy, its set of representors, or which of them
+        exist (as of the last read) changed; otherwise this costs nothing."""
+        assert isinstance(intent, HostIntent)
+        devices = tuple(sorted({w.rep for w in intent.local}))
+        key = (intent.offload, devices, tuple(d in self.ifindex for d in devices))
+        if key == self._decided_for:
+            return
+        decision = await self._decide(intent.offload, devices)
+        self.decision, self._decided_for = decision, key
+        fell_back = decision.reason is not None
+        (log.warning if fell_back else log.info)(
+            "offload_decided", policy=decision.policy, mode=decision.mode,
+            reason=decision.reason, devices=decision.devices,
+        )  # fmt: skip
+
+    async def _decide(self, policy: OffloadName, devices: tuple[str, ...]) -> offload.Decision:
+        if policy == "software":
+            return offload.decide(policy, {})
+        sock = self.reads()
+        ports = await asyncio.to_thread(offload.read_ports, sock)
+        handles = {h for d in devices if d in ports
+                   if (h := offload.devlink_handle(ports[d], ports)) is not None}  # fmt: skip
+        modes = (
+            await asyncio.to_thread(offload.eswitch_modes, handles, self.netns) if handles else {}
+        )
+        verdicts = offload.eswitch_verdicts(devices, ports, modes)
+        refusal = None
+        if offload.needs_trial(policy, verdicts):
+            await self._links()
+            present = {d: self.ifindex[d] for d in devices if d in self.ifindex}
+            for index in present.values():
+                with contextlib.suppress(NetlinkError):  # EEXIST: it has one already
+                    await self.ip.tc("add", "clsact", index)
+            refusal = await asyncio.to_thread(offload.trial, sock, present)
+        return offload.decide(policy, verdicts, refusal)
+
+    def offload_report(self) -> OffloadReport | None:
+        """The decision and what the last read found in the kernel."""
+        filters, actions = self._readback
+        return offload.report(self.decision, filters, actions)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -105,16 +176,19 @@ class FlowerDriver(NetlinkDatapath):
         names = {i: n for n, i in self.ifindex.items()}
         by_index: dict[int, tuple[str, int]] = {}
         self._index, self._handles = {}, {}
+        filters_hw: list[tuple[bool, bool, int | None]] = []
+        actions_hw: list[int | None] = []
         for state in await asyncio.to_thread(self.tc.actions, "tunnel_key"):
             if not owned_index(state.index):
                 continue
+            actions_hw.append(state.in_hw_count)
             spec = state.action
             if not isinstance(spec, TunnelKeySet) or spec.key_id is None:
                 objects.append(TunnelAction(f"?{state.index}", -1, "", "", index=state.index))
                 continue
             peer = self._peer_of_tep.get(str(spec.dst), f"?{spec.dst}")
             action = TunnelAction(peer, spec.key_id, str(spec.src), str(spec.dst),
-                                  index=state.index)  # fmt: skip
+                                  index=state.index, skip_sw=state.skip_sw)  # fmt: skip
             by_index[state.index] = (peer, spec.key_id)
             self._index[(peer, spec.key_id)] = state.index
             objects.append(action)
@@ -128,6 +202,8 @@ class FlowerDriver(NetlinkDatapath):
                     rule = self._rule(dev, f, by_index, names)
                     self._handles[rule.key] = f.spec.handle
                     objects.append(rule)
+                    filters_hw.append((f.in_hw, f.not_in_hw, f.in_hw_count))
+        self._readback = (filters_hw, actions_hw)
         return objects
 
     def _rule(
@@ -139,6 +215,7 @@ class FlowerDriver(NetlinkDatapath):
     ) -> KernelObject:
         spec, match, prio = f.spec, f.spec.match, f.spec.priority
         stray = StrayRule(dev, prio, spec.handle, "flower")
+        sw = spec.skip_sw
         mac = BROADCAST_MAC if match.eth_dst_mask == GROUP_BIT else match.eth_dst
         if f.unmodelled or mac is None:
             return stray
@@ -149,20 +226,56 @@ class FlowerDriver(NetlinkDatapath):
                  if isinstance(a.action, TunnelKeySet)]  # fmt: skip
         if dev == FLOWER_TUNNEL and prio == PRIO_DECAP and match.enc_key_id is not None:
             if kinds[:1] == [TunnelKeyUnset] and mirrors:
-                return DecapRule(match.enc_key_id, mac, tuple(mirrors), handle=spec.handle)
+                return DecapRule(match.enc_key_id, mac, tuple(mirrors), handle=spec.handle,
+                                 skip_sw=sw)  # fmt: skip
         elif prio == PRIO_ENCAP and len(bound) == 1 and mirrors == [FLOWER_TUNNEL]:
             peer, vni = bound[0]
-            return EncapRule(dev, mac, peer, vni, handle=spec.handle)
+            return EncapRule(dev, mac, peer, vni, handle=spec.handle, skip_sw=sw)
         elif prio >= PRIO_FLOOD and f.actions and isinstance(f.actions[-1].action, Gact):
             verdict = f.actions[-1].action.control
             locals_ = tuple(m for m in mirrors if m != FLOWER_TUNNEL)
             vni = bound[0][1] if bound else -1
             return FloodRule(dev, prio - PRIO_FLOOD, vni, tuple(p for p, _ in bound),
                              last=verdict == Control.SHOT, mirrors=locals_,
-                             handle=spec.handle)  # fmt: skip
+                             handle=spec.handle, skip_sw=sw)  # fmt: skip
         return stray
 
     # --- writing ---------------------------------------------------------------------------
+
+    async def apply(self, changes: Sequence[Change]) -> ApplyReport:
+        old_mode, rest = remade_for_mode(changes)
+        if not old_mode:
+            return await super().apply(changes)
+        # A filter lets go of its actions only after an RCU grace period (cls_flower destroys
+        # it in deferred work): until then a delete of the action is refused as still bound.
+        rules = [c for c in old_mode if not isinstance(c.obj, TunnelAction)]
+        actions = [c.old for c in old_mode if isinstance(c.old, TunnelAction)]
+        first = await super().apply(rules)
+        await self._unbound([a.index for a in actions if a.index])
+        second = await super().apply(
+            [*(c for c in old_mode if isinstance(c.obj, TunnelAction)), *rest]
+        )
+        return ApplyReport(applied=first.applied + second.applied,
+                           errors=first.errors + second.errors,
+                           deferred=first.deferred + second.deferred,
+                           sendmsgs=first.sendmsgs + second.sendmsgs)  # fmt: skip
+
+    async def _unbound(self, indexes: list[int]) -> None:
+        """Wait (up to UNBIND_WAIT_S) until no filter is bound to these tunnel actions."""
+        deadline = time.monotonic() + UNBIND_WAIT_S
+        waiting = list(indexes)
+        while waiting and time.monotonic() < deadline:
+            still = []
+            for index in waiting:
+                try:
+                    state = await asyncio.to_thread(self.tc.action, "tunnel_key", index)
+                except TcError:
+                    continue  # gone already
+                if state.bindcnt:
+                    still.append(index)
+            waiting = still
+            if waiting:
+                await asyncio.sleep(0.01)
 
     def _message(self, change: Change) -> bytes | None:
         obj = change.obj
@@ -193,25 +306,26 @@ class FlowerDriver(NetlinkDatapath):
             return action_delete("tunnel_key", known)
         new = change.new
         assert isinstance(new, TunnelAction)
-        hw, sw = self.skip_hw, self.skip_sw
+        hw, sw = not new.skip_sw, new.skip_sw
         if change.op == "replace":  # the failover flip: every bound rule follows
             if not known:
                 raise MissingDevice(f"tunnel action of {new.peer}/{new.vni}", new)
             return action_replace(self._tunnel_key(new, known), skip_hw=hw, skip_sw=sw)
         index = self._free_index()
         self._index[(new.peer, new.vni)] = index  # rules later in this batch bind to it
-        stamp = self._action_template()
+        stamp = self._action_template(sw)
         if stamp is not None and _is_v4(new.src) and _is_v4(new.dst):
             return stamp.stamp(index=index, src=new.src, dst=new.dst, vni=new.vni)
         return action_add(self._tunnel_key(new, index), skip_hw=hw, skip_sw=sw)
 
-    def _action_template(self) -> Template | None:
-        if "action_add" not in self._templates:
+    def _action_template(self, skip_sw: bool) -> Template | None:
+        key = ("action_add", skip_sw)
+        if key not in self._templates:
             placeholder = TunnelAction("", PLACEHOLDER_VNI, PLACEHOLDER_SRC, PLACEHOLDER_DST)
             raw = action_add(self._tunnel_key(placeholder, PLACEHOLDER_INDEX),
-                             skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
-            self._templates["action_add"] = Template.of(raw, _TEMPLATE_FIELDS["action_add"])
-        return self._templates["action_add"]
+                             skip_hw=not skip_sw, skip_sw=skip_sw)  # fmt: skip
+            self._templates[key] = Template.of(raw, _TEMPLATE_FIELDS["action_add"])
+        return self._templates[key]
 
     def _free_index(self) -> int:
         used = self._index.values()
@@ -231,8 +345,9 @@ class FlowerDriver(NetlinkDatapath):
         return ActionRef("tunnel_key", index)
 
     def _filter_at(self, dev: str, prio: int, handle: int, what: KernelObject) -> FlowerFilter:
+        # A delete names the filter by where it is; its flags do not matter.
         return FlowerFilter(ifindex=self.index_of(dev, what), priority=prio, handle=handle,
-                            skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
+                            skip_hw=True)  # fmt: skip
 
     def _spec_bound(self, obj: EncapRule, index: int) -> FlowerFilter:
         """An encap rule's filter bound to action `index` (the template's placeholder)."""
@@ -240,7 +355,7 @@ class FlowerDriver(NetlinkDatapath):
         return FlowerFilter(ifindex=self.index_of(obj.dev, obj), priority=PRIO_ENCAP,
                             match=FlowerMatch(eth_dst=obj.mac),
                             actions=(ActionRef("tunnel_key", index), Mirred.redirect(tunnel)),
-                            skip_hw=self.skip_hw, skip_sw=self.skip_sw)  # fmt: skip
+                            skip_hw=not obj.skip_sw, skip_sw=obj.skip_sw)  # fmt: skip
 
     def _spec(self, obj: KernelObject, handle: int) -> FlowerFilter:
         tunnel = self.index_of(FLOWER_TUNNEL, obj)
@@ -272,9 +387,10 @@ class FlowerDriver(NetlinkDatapath):
                 actions = (TunnelKeyUnset(), *outs, Mirred.redirect(reps[-1]))
             case _:
                 raise TypeError(obj)
+        sw = bool(getattr(obj, "skip_sw", False))
         return FlowerFilter(ifindex=self.index_of(dev, obj), priority=prio, match=match_,
-                            actions=tuple(actions), handle=handle, skip_hw=self.skip_hw,
-                            skip_sw=self.skip_sw)  # fmt: skip
+                            actions=tuple(actions), handle=handle, skip_hw=not sw,
+                            skip_sw=sw)  # fmt: skip
 
     def _filter_message(self, change: Change) -> bytes:
         obj = change.new
@@ -294,10 +410,11 @@ class FlowerDriver(NetlinkDatapath):
         return filter_add(self._spec(obj, 0))
 
     def _encap_template(self, obj: EncapRule) -> Template | None:
-        key = ("encap_add", obj.dev, self.ifindex.get(obj.dev), self.ifindex.get(FLOWER_TUNNEL))
+        key = ("encap_add", obj.dev, self.ifindex.get(obj.dev), self.ifindex.get(FLOWER_TUNNEL),
+               obj.skip_sw)  # fmt: skip
         if key in self._templates:
             return self._templates[key]
-        placeholder = EncapRule(obj.dev, PLACEHOLDER_MAC, "", 0)
+        placeholder = EncapRule(obj.dev, PLACEHOLDER_MAC, "", 0, skip_sw=obj.skip_sw)
         raw = filter_add(self._spec_bound(placeholder, PLACEHOLDER_INDEX))
         self._templates[key] = Template.of(raw, _TEMPLATE_FIELDS["encap_add"])
         return self._templates[key]
@@ -307,6 +424,23 @@ _TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
     "action_add": ("index", "src", "dst", "vni"),
     "encap_add": ("mac", "index"),
 }
+
+
+def remade_for_mode(changes: Sequence[Change]) -> tuple[list[Change], list[Change]]:
+    """A rule or action whose offload mode changes cannot be replaced in place (a shared
+    action keeps its flags while filters are bound to it, and the kernel refuses a binding
+    whose flags differ): such replaces become a delete of the old one and an add of the new
+    one where it was. Returns (the deletes, in reverse rank: rules before the actions they
+    bind; everything else, in order). No change of mode: ([], changes)."""
+    switched = [c for c in changes if c.op == "replace" and isinstance(c.old, OFFLOADED)
+                and isinstance(c.new, OFFLOADED) and c.old.skip_sw != c.new.skip_sw]  # fmt: skip
+    if not switched:
+        return [], list(changes)
+    gone = set(map(id, switched))
+    deletes = sorted((Change("delete", None, c.old) for c in switched),
+                     key=lambda c: -RANK[type(c.obj)])  # fmt: skip
+    rest = [Change("add", c.new, None) if id(c) in gone else c for c in changes]
+    return deletes, rest
 
 
 def _is_v4(address: str) -> bool:

@@ -31,6 +31,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
 
 from thorn.desired import TEP_LABEL
+from thorn.events import OffloadReport
 from thorn.lab.netns import run_in_netns
 from thorn_programmer import u32
 from thorn_programmer.drivers.reads import (
@@ -164,6 +165,14 @@ class NetlinkDatapath:
 
     def render(self, intent: Intent) -> list[KernelObject]:
         raise NotImplementedError
+
+    async def prepare(self, intent: Intent) -> None:
+        """Before a reconcile renders `intent`: what a driver must ask the kernel first (the
+        flower driver's offload mode). Nothing, here."""
+
+    def offload_report(self) -> OffloadReport | None:
+        """Where the rules run, for drivers that can offload them (None: no such thing)."""
+        return None
 
     async def setup(self) -> None:
         """Once at start: the loopback device (home of the TEPs) is up."""

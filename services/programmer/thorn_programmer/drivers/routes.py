@@ -165,15 +165,24 @@ def _attrs(message: bytes, offset: int) -> dict[int, bytes]:
     return found
 
 
-def parse_link_name(message: bytes) -> tuple[int, str] | None:
-    """(ifindex, name) of an RTM_NEWLINK message (with its netlink header)."""
+def parse_link(message: bytes) -> tuple[int, dict[int, bytes]] | None:
+    """(ifindex, IFLA_* attributes by number) of an RTM_NEWLINK message (with its header)."""
     if len(message) < _HEADER.size + _IFINFOMSG.size:
         return None
     _family, _type, index, _flags, _change = _IFINFOMSG.unpack_from(message, _HEADER.size)
-    name = _attrs(message, _HEADER.size + _IFINFOMSG.size).get(IFLA_IFNAME)
-    if name is None:
+    return index, _attrs(message, _HEADER.size + _IFINFOMSG.size)
+
+
+def parse_link_name(message: bytes) -> tuple[int, str] | None:
+    """(ifindex, name) of an RTM_NEWLINK message (with its netlink header)."""
+    link = parse_link(message)
+    if link is None or IFLA_IFNAME not in link[1]:
         return None
-    return index, name.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return link[0], asciiz(link[1][IFLA_IFNAME])
+
+
+def asciiz(payload: bytes) -> str:
+    return payload.split(b"\0", 1)[0].decode("utf-8", "replace")
 
 
 def parse_thorn_route(message: bytes, names: dict[int, str]) -> Route | None:
