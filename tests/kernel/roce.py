@@ -11,7 +11,7 @@ its own netdev instead of loopback:
     a local address arrives on vfB); static neighbours (no ARP across the tunnel).
 
 rxe binds its route lookups to its netdev (`flowi4_oif`), so only RoCE traffic takes the
-`oif` rules; perftest's own TCP exchange of QP numbers goes over loopback.
+`oif` rules; the RC probe's own TCP exchange of QP numbers goes over loopback.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import re
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,8 +40,7 @@ from netlab import (
 
 from thorn_programmer.drivers.flower import FlowerDriver
 from thorn_programmer.intent import HostIntent, Intent, LocalWorkload, Peer
-from thorn_programmer.kernel import Address, KernelObject, TunnelAction, diff
-from thorn_programmer.netlink import TcSocket
+from thorn_programmer.kernel import Address, KernelObject
 from thorn_programmer.reconcile import reconcile
 
 ROUTE_TABLE = {"A": 100, "B": 101}
@@ -87,46 +84,6 @@ def program_tunnel(fabric: Fabric) -> None:
     asyncio.run(program())
 
 
-class PreparedFlip:
-    """The failover of `host` toward its peer: the driver's one prebuilt message (a shared
-    tunnel_key action replaced), on a socket opened ahead, so `send()` costs only the
-    kernel's work (microseconds; a `tc` process takes 0.1-3 s to start under TCG)."""
-
-    def __init__(self, ns: str, message: bytes) -> None:
-        self.message = message
-        self.socket = TcSocket(ns)
-
-    def send(self) -> None:
-        self.socket.request(self.message)
-
-    def wait(self) -> None:
-        """The change is in the kernel once `send` returned (it waits for the ack)."""
-
-    def close(self) -> None:
-        self.socket.close()
-
-
-@contextlib.contextmanager
-def prepared_flip(fabric: Fabric, host: Host, colour: Colour) -> Iterator[PreparedFlip]:
-    """The move of every flow from `host` to its peer onto `colour`, prepared ahead."""
-
-    async def prepare() -> bytes:
-        async with _HarnessFlower.open(host.ns) as driver:
-            now = driver.render(host_intent(fabric, host, "red"))
-            await driver.read()  # learn the shared action's index
-            changes = diff(driver.render(host_intent(fabric, host, colour)), now)
-            assert [type(c.obj) for c in changes] == [TunnelAction], changes
-            message = driver._message(changes[0])
-            assert message is not None
-            return message
-
-    flip = PreparedFlip(host.ns, asyncio.run(prepare()))
-    try:
-        yield flip
-    finally:
-        flip.close()
-
-
 # --- the lab ----------------------------------------------------------------------------------
 
 
@@ -141,29 +98,38 @@ class RoceLab:
 def roce_lab(netns: NetnsFactory) -> Iterator[RoceLab]:
     """Fabric, policy routing, tunnel and one rxe device per workload; all undone after."""
     fabric = build_fabric(netns, workloads_in_root=True, tunnel_device=False)
-    workloads = (fabric.a.workload, fabric.b.workload)
-    saved = _steer_root_namespace(fabric)
+    with root_namespace_endpoints(fabric.a.workload, fabric.b.workload) as (rxe, gid_index):
+        program_tunnel(fabric)
+        yield RoceLab(fabric, rxe, gid_index)
+
+
+@contextlib.contextmanager
+def root_namespace_endpoints(
+    a: Workload, b: Workload
+) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
+    """Policy routing between two root-namespace workload netdevs and an rxe device on each:
+    yields (workload name -> rxe device, workload name -> its RoCE v2 GID index). The
+    netdevs themselves are deleted after (their veth peers, the representors, with them)."""
+    saved = steer_root_namespace(a, b)
     rxe: dict[str, str] = {}
     try:
-        program_tunnel(fabric)
-        for w in workloads:
+        for w in (a, b):
             rxe[w.name] = f"rxe{w.name}"
             sh("rdma", "link", "add", rxe[w.name], "type", "rxe", "netdev", w.dev)
-        yield RoceLab(fabric, rxe, {w.name: ipv4_gid_index(rxe[w.name], w.ip) for w in workloads})
+        yield rxe, {w.name: ipv4_gid_index(rxe[w.name], w.ip) for w in (a, b)}
     finally:
         for device in rxe.values():
             sh("rdma", "link", "delete", device, check=False)
-        for w in workloads:
+        for w in (a, b):
             # Deleting one end deletes the representor too, at once (the namespaces'
             # teardown would do it later, asynchronously, after the next test started).
             ip(None, f"link delete dev {w.dev}", check=False)
         _unsteer_root_namespace(saved)
 
 
-def _steer_root_namespace(fabric: Fabric) -> dict[str, str]:
-    """Policy routing for root-namespace endpoints; returns the sysctls it changed."""
+def steer_root_namespace(a: Workload, b: Workload) -> dict[str, str]:
+    """Policy routing for root-namespace endpoints A and B; returns the sysctls it changed."""
     saved: dict[str, str] = {}
-    a, b = fabric.a.workload, fabric.b.workload
     for dev in ("all", a.dev, b.dev):
         for key, value in (("rp_filter", 0), ("accept_local", 1)):
             name = f"net.ipv4.conf.{dev}.{key}"
@@ -212,106 +178,3 @@ def ipv4_gid_index(device: str, addr: str, timeout_s: float = 20.0) -> int:
         if time.monotonic() > deadline:
             raise AssertionError(f"{device} has no RoCE v2 GID for {addr}")
         time.sleep(0.2)
-
-
-# --- perftest ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Transfer:
-    """One `ib_write_bw` client/server pair: iteration counts, never duration mode (-D
-    misreports under TCG)."""
-
-    size: int = 65536
-    iterations: int = 300
-    qp_timeout: int = 14  # 4.096 us * 2^14 = ~67 ms per retry, NCCL_IB_TIMEOUT=14's value
-
-    def args(self, lab: RoceLab, w: Workload) -> list[str]:
-        return [
-            "ib_write_bw",
-            "-d", lab.rxe[w.name],
-            "-i", "1",
-            "-x", str(lab.gid_index[w.name]),
-            "-F",
-            "-s", str(self.size),
-            "-n", str(self.iterations),
-            "-u", str(self.qp_timeout),
-            "-p", str(PERFTEST_PORT),
-        ]  # fmt: skip
-
-
-@dataclass
-class Running:
-    server: subprocess.Popen[str]
-    client: subprocess.Popen[str]
-
-    def wait(self, timeout_s: float) -> bool:
-        """True when both ends exit within `timeout_s` from now (whatever their status)."""
-        deadline = time.monotonic() + timeout_s
-        for proc in (self.client, self.server):
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                return False
-        return True
-
-    def kill(self) -> None:
-        for proc in (self.client, self.server):
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-
-    def output(self) -> tuple[str, str]:
-        return _read_output(self.server), _read_output(self.client)
-
-
-def _read_output(proc: subprocess.Popen[str]) -> str:
-    assert proc.stdout is not None
-    return proc.stdout.read() if proc.poll() is not None else "(still running)"
-
-
-@contextlib.contextmanager
-def running_transfer(lab: RoceLab, transfer: Transfer) -> Iterator[Running]:
-    """Start the server on B, wait until it listens, start the client on A; kill on exit."""
-    a, b = lab.fabric.a.workload, lab.fabric.b.workload
-    server = subprocess.Popen(
-        transfer.args(lab, b), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    running: Running | None = None
-    try:
-        _wait_listening(PERFTEST_PORT, server)
-        client = subprocess.Popen(
-            [*transfer.args(lab, a), b.ip],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        running = Running(server, client)
-        yield running
-    finally:
-        if running:
-            running.kill()
-        elif server.poll() is None:
-            server.kill()
-            server.wait()
-
-
-def _wait_listening(port: int, server: subprocess.Popen[str], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    listen = f":{port:04X} 00000000:0000 0A"  # local port, no peer, state LISTEN
-    while listen not in Path("/proc/net/tcp").read_text():
-        if server.poll() is not None or time.monotonic() > deadline:
-            raise AssertionError(f"ib_write_bw server did not listen: {_read_output(server)}")
-        time.sleep(0.1)
-
-
-@dataclass(frozen=True)
-class Result:
-    iterations: int
-    average_mb_s: float
-
-
-def client_result(output: str) -> Result | None:
-    """The client's result line: `#bytes #iterations BW peak BW average MsgRate`."""
-    match = re.search(r"^\s*\d+\s+(\d+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s*$", output, re.MULTILINE)
-    return Result(int(match.group(1)), float(match.group(2))) if match else None

@@ -142,6 +142,22 @@ class RunningThorn:
         return sorted(out, key=lambda t: t["started"])
 
 
+def logs_tail(data: Path, lines: int = 12) -> str:
+    """For a failure: every warning and error line of thorn-run's log and every service's
+    (data/logs), then the last lines of each."""
+    out = []
+    for path in [data / "thorn-run.log", *sorted((data / "logs").glob("*.log"))]:
+        if path.exists():
+            text = path.read_text(errors="replace").splitlines()
+            flagged = [t for t in text if any(w in t for w in ('"error"', '"warning"', "[ERR]",
+                                                               "[WRN]", "Traceback"))]  # fmt: skip
+            out.append(f"--- {path.name}: {len(flagged)} warnings/errors, last shown")
+            out += [t[:400] for t in flagged[-40:]]
+            out.append(f"--- {path.name}: last {lines} lines")
+            out += [t[:400] for t in text[-lines:]]
+    return "\n".join(out)
+
+
 @asynccontextmanager
 async def thorn_run(
     doc: FabricDocument,
@@ -176,8 +192,8 @@ async def thorn_run(
         deadline = time.monotonic() + start_timeout_s
         while not run_file.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = "\n".join(log.read_text(errors="replace").splitlines()[-20:])
-                raise RuntimeError(f"thorn-run did not come up (exit {proc.poll()}):\n{tail}")
+                raise RuntimeError(f"thorn-run did not come up (exit {proc.poll()}):\n"
+                                   + logs_tail(data))  # fmt: skip
             await asyncio.sleep(0.2)
         run = json.loads(run_file.read_text())
         services = {name.partition("@")[0]: s["url"] for name, s in run["services"].items()}

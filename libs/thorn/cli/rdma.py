@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from thorn.cli.errors import CliError, ExitCode
 from thorn.cli.render import Out, OutputFormat
 from thorn.rdma.probe import ProbeResult, ProbeSettings, rc_timeout_ms
+from thorn.rdma.rc import ProbeError
 
 if TYPE_CHECKING:
     from thorn.cli.client import Client
@@ -99,7 +100,13 @@ def _local_server(address: str) -> Iterator[tuple[str, int]]:
             child.kill()
             reason = said.get("error") or (child.stderr.read() if child.stderr else "").strip()
             raise _unavailable(str(reason or "the server end did not start"))
-        yield "127.0.0.1", int(said["listening"])
+        try:
+            yield "127.0.0.1", int(said["listening"])
+        except ProbeError as exc:
+            child.kill()
+            _, err = child.communicate()
+            last = " | ".join(err.strip().splitlines()[-3:])
+            raise ProbeError(f"{exc} (the server end: {last or 'no output'})") from None
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=SERVER_START_S)
     finally:
@@ -136,7 +143,7 @@ def probe(
     ] = None,
 ) -> None:
     """Run an RC probe from SRC to DST and report throughput, the stall and errors."""
-    from thorn.rdma.rc import ProbeError, run_client
+    from thorn.rdma.rc import run_client
     from thorn.rdma.verbs import RdmaUnavailable
 
     session = _session(ctx)
@@ -187,7 +194,6 @@ def serve(
     """Serve one probe as DST's end (for a `probe --server` from another machine)."""
     import socket
 
-    from thorn.rdma.rc import ProbeError
     from thorn.rdma.rc import serve as serve_probe
     from thorn.rdma.verbs import RdmaUnavailable, roce_endpoint
 

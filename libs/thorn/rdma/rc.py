@@ -84,7 +84,7 @@ class _Qp:
         attr.min_rnr_timer = MIN_RNR_TIMER
         route = v.addr.GlobalRoute(dgid=v.addr.GID(remote.gid), sgid_index=self.endpoint.gid_index)
         route.hop_limit = HOP_LIMIT
-        attr.ah_attr = v.addr.AHAttr(is_global=1, port_num=self.endpoint.port, grh=route)
+        attr.ah_attr = v.addr.AHAttr(gr=route, is_global=1, port_num=self.endpoint.port)
         attr.sq_psn = self.psn
         attr.timeout = s.timeout
         attr.retry_cnt = s.retry
@@ -150,13 +150,17 @@ def serve(address: str, listener: socket.socket, ready: Callable[[], None] | Non
         try:
             end = _Qp(roce_endpoint(address), settings)
         except Exception as exc:  # told to the client, which reports it; then raised
-            _send(conn, {"error": str(exc)})
+            _send(conn, {"error": f"{type(exc).__name__}: {exc}"})
             raise
         try:
-            if settings.mode is ProbeMode.pingpong:
-                for wr_id in range(settings.window):
-                    end.post_recv(wr_id)
-            end.connect(QpInfo.model_validate(hello["qp"]))
+            try:
+                end.connect(QpInfo.model_validate(hello["qp"]))
+                if settings.mode is ProbeMode.pingpong:  # a QP takes receives from INIT on
+                    for wr_id in range(settings.window):
+                        end.post_recv(wr_id)
+            except Exception as exc:
+                _send(conn, {"error": f"connecting the QP: {type(exc).__name__}: {exc}"})
+                raise
             _send(conn, {"qp": end.info().model_dump()})
             deadline = time.monotonic() + settings.deadline_s + CONNECT_TIMEOUT_S
             _echo_until_done(end, conn, settings, deadline)
@@ -195,18 +199,21 @@ def run_client(
 ) -> ProbeResult:
     """Probe from the local end that owns address `src` to the server end of `dst`."""
     endpoint = roce_endpoint(src)
-    end = _Qp(endpoint, settings)
+    try:
+        end = _Qp(endpoint, settings)
+    except load().error as exc:
+        raise ProbeError(f"verbs: {exc}") from None
     try:
         with (
             socket.create_connection(server, timeout=CONNECT_TIMEOUT_S) as conn,
             conn.makefile("r") as stream,
         ):
-            if settings.mode is ProbeMode.pingpong:
-                end.post_recv(0)
             _send(conn, {"settings": settings.model_dump(mode="json"),
                          "qp": end.info().model_dump()})  # fmt: skip
             remote = QpInfo.model_validate(_receive(stream)["qp"])
             end.connect(remote)
+            if settings.mode is ProbeMode.pingpong:  # before the first SEND: its echo lands here
+                end.post_recv(0)
             result = ProbeResult(src=src, dst=dst, device=endpoint.device,
                                  gid_index=endpoint.gid_index, settings=settings,
                                  started_monotonic=time.monotonic(), posted=0,
@@ -218,6 +225,8 @@ def run_client(
             _send(conn, {"done": True})
     except OSError as exc:
         raise ProbeError(f"out-of-band connection to {server[0]}:{server[1]}: {exc}") from None
+    except load().error as exc:  # a verbs call refused: the device, the QP or a WR
+        raise ProbeError(f"verbs: {exc}") from None
     finally:
         end.close()
     return result

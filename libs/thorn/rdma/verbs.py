@@ -44,6 +44,7 @@ class Verbs:
     addr: Any
     wr: Any
     enums: Any
+    error: type[Exception]  # pyverbs' own errors all derive from it
 
 
 _loaded: Verbs | None = None
@@ -88,7 +89,8 @@ def load() -> Verbs:
             modules = {n: importlib.import_module(f"pyverbs.{n}") for n in names}
         except ImportError as exc:  # built for another Python: its extension modules fail
             raise RdmaUnavailable(f"pyverbs does not import: {exc}") from None
-        _loaded = Verbs(**modules)
+        error = importlib.import_module("pyverbs.pyverbs_error").PyverbsError
+        _loaded = Verbs(**modules, error=error)
     return _loaded
 
 

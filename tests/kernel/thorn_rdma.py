@@ -1,0 +1,195 @@
+"""RoCE across a lab fabric in the guest, carried by THORN itself or by a static path.
+
+The fabric is `leaf_spine(2, 2, 1)`: host1 on leaf1, host2 on leaf2, two spines, so red and
+blue cross distinct switches. With THORN, `thorn-run` (what `make run` starts: nats-server,
+topology, health, pathcomp and the programmer for every lab node, with real BFD) runs in
+the guest on this fabric; the programmer finds flower and tunnel_key in Debian's kernel and
+programs the hosts with the flower driver, the switches with routes. Without THORN the same
+lab carries the same overlay over one static path per destination (`baselines.Static`).
+
+Soft-RoCE on Debian's 6.1 only works on root-namespace netdevs, so once the lab is up the two
+workloads' VFs move from their namespaces into the guest's root namespace, as `vfA` and
+`vfB` (MAC and IP kept; their representors stay on the hosts), with the policy routing of
+`roce.root_namespace_endpoints` and an rxe device each.
+
+The RC traffic is `thornctl rdma probe` (pyverbs): RDMA WRITEs of 64 KiB, 8 in flight, with
+NCCL-like QP settings (timeout 14: 67 ms per retry, retry 7). A failure is injected with
+the lab's own faults (`thorn.lab.faults`) on the leaf1 uplink that carries the transfer,
+found from the uplinks' counters mid-transfer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from netlab import Batch, Workload, ip, tx_packets, wait_oper_up
+from roce import root_namespace_endpoints
+
+from thorn.generators import leaf_spine
+from thorn.lab.handle import Lab
+from thorn.model import FabricDocument
+from thorn.rdma.probe import ProbeResult, ProbeSettings
+
+FABRIC: FabricDocument = leaf_spine(2, 2, 1)
+SRC, DST = "host1-vf0", "host2-vf0"  # host1 (leaf1) -> host2 (leaf2)
+ROOT_NAME = {SRC: "A", DST: "B"}
+SOURCE_LEAF = "leaf1"
+# What NCCL_IB_TIMEOUT=14, NCCL_IB_RETRY_CNT=7 give a job's QPs: 67 ms per retry, and the QP
+# fails once 8 timeouts pass without an acknowledgement (537 ms).
+TRANSFER = ProbeSettings(size=65536, count=400, window=8, timeout=14, retry=7, deadline_s=60)
+PACKETS = TRANSFER.count * TRANSFER.size // 1024  # rxe's path MTU on a 1500 netdev: 1 KiB
+CUT_AFTER_PACKETS = PACKETS // 5  # well inside the transfer, whatever the guest's speed
+THORNCTL = str(Path(sys.executable).with_name("thornctl"))
+MARKER = "@@bench-roce "  # one line per cut in the lane's log, read by tests/bench/bench_roce.py
+
+
+def root_workloads(lab: Lab) -> tuple[Workload, Workload]:
+    """Move SRC's and DST's VFs into the guest's root namespace as vfA and vfB."""
+    moved: list[Workload] = []
+    for plan in (w for name in (SRC, DST) for w in lab.plan.workloads if w.name == name):
+        short = ROOT_NAME[plan.name]
+        dev = f"vf{short}"
+        batch = Batch()
+        batch.ip(plan.namespace, f"link set dev {plan.vf} down")
+        batch.ip(plan.namespace, f"link set dev {plan.vf} name {dev}")
+        batch.ip(plan.namespace, f"link set dev {dev} netns 1")  # pid 1: the root namespace
+        batch.run()
+        address = plan.ip.split("/")[0]
+        ip(None, f"address add {address}/32 dev {dev}")
+        ip(None, f"link set dev {dev} up")
+        moved.append(Workload(short, None, dev, address, plan.mac))
+    wait_oper_up(None, [w.dev for w in moved])
+    return moved[0], moved[1]
+
+
+@dataclass(frozen=True)
+class RdmaEnds:
+    a: Workload
+    b: Workload
+    rxe: dict[str, str]
+
+
+@contextlib.contextmanager
+def rdma_ends(lab: Lab) -> Iterator[RdmaEnds]:
+    """SRC and DST as root-namespace RDMA endpoints of `lab`; deleted after."""
+    a, b = root_workloads(lab)
+    with root_namespace_endpoints(a, b) as (rxe, _):
+        yield RdmaEnds(a, b, rxe)
+
+
+def uplink_counters(lab: Lab, leaf: str) -> dict[str, int]:
+    """Packets sent so far on each of `leaf`'s ports toward a spine (port -> count)."""
+    ns = lab.namespaces()[leaf]
+    spines = {n.name for n in FABRIC.nodes if n.name.startswith("spine")}
+    out: dict[str, int] = {}
+    for link in FABRIC.links:
+        for near, far in ((link.a, link.b), (link.b, link.a)):
+            if near.node == leaf and far.node in spines:
+                out[near.port] = tx_packets(ns, lab.plan.ports[leaf][near.port])
+    return out
+
+
+@dataclass
+class Probe:
+    """`thornctl rdma probe` running (it starts the DST end itself)."""
+
+    proc: subprocess.Popen[str]
+
+    def result(self, timeout_s: float) -> ProbeResult:
+        out, err = self.proc.communicate(timeout=timeout_s)
+        if not out.strip():
+            raise AssertionError(f"thornctl rdma probe printed no result (exit "
+                                 f"{self.proc.returncode}): {err}")  # fmt: skip
+        return ProbeResult.model_validate(json.loads(out))
+
+
+@contextlib.contextmanager
+def probe(src: str, dst: str, api: tuple[str, str] | None = None) -> Iterator[Probe]:
+    """Start the probe SRC -> DST (names through the API at `api` = (url, token), or IPs)."""
+    s = TRANSFER
+    args = [THORNCTL, "-o", "json"]
+    if api is not None:
+        args += ["--url", api[0], "--token", api[1]]
+    args += ["rdma", "probe", src, dst, "--size", str(s.size), "--count", str(s.count),
+             "--window", str(s.window), "--timeout", str(s.timeout), "--retry", str(s.retry),
+             "--deadline", str(s.deadline_s)]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield Probe(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
+@dataclass(frozen=True)
+class Cut:
+    result: ProbeResult
+    port: str  # the leaf1 port whose link was cut
+    at_ms: float  # when, on the probe's clock (ms from its first post)
+
+
+def cut_mid_transfer(
+    lab: Lab,
+    ends: RdmaEnds,
+    inject: Callable[[str], object],
+    api: tuple[str, str] | None = None,
+    names: tuple[str, str] = (SRC, DST),
+) -> Cut:
+    """Run the probe, and once a fifth of it has left vfA, `inject` a failure on the leaf1
+    uplink that carries it (`inject("leaf1:PORT")`); the probe's result and the cut."""
+    before = uplink_counters(lab, SOURCE_LEAF)
+    sent = tx_packets(None, ends.a.dev)
+    with probe(*names, api=api) as running:
+        deadline = time.monotonic() + 120
+        while tx_packets(None, ends.a.dev) - sent < CUT_AFTER_PACKETS:
+            if running.proc.poll() is not None:
+                raise AssertionError(f"the probe ended early: {running.proc.communicate()}")
+            assert time.monotonic() < deadline, "the transfer did not start"
+            time.sleep(0.005)
+        now = uplink_counters(lab, SOURCE_LEAF)
+        port = max(now, key=lambda p: now[p] - before[p])
+        cut_at = time.monotonic()
+        inject(f"{SOURCE_LEAF}:{port}")
+        result = running.result(timeout_s=TRANSFER.deadline_s + 60)
+    return Cut(result, port, round((cut_at - result.started_monotonic) * 1000, 3))
+
+
+def describe(cut: Cut) -> str:
+    """One line for the log: what the transfer did around the cut."""
+    r = cut.result
+    before, during, after = r.around(cut.at_ms)
+    verdict = "completed" if r.ok else f"FAILED ({r.first_error or 'deadline'})"
+    return (
+        f"cut {SOURCE_LEAF}:{cut.port} at {cut.at_ms:.0f} ms: {verdict}, "
+        f"{r.completed}/{r.settings.count} in {r.duration_ms:.0f} ms; longest stall "
+        f"{r.stall_ms:.1f} ms; MB/s before {before.mb_s:g}, during {during.mb_s:g} "
+        f"({during.end_ms - during.start_ms:.0f} ms), after {after.mb_s:g}; errors {r.errors}"
+    )
+
+
+def report(system: str, fault: str, cut: Cut) -> None:
+    """The cut as one marked JSON line of output (`tests/bench/bench_roce.py` collects them
+    into docs/benchmarks.md) and one line for people."""
+    r = cut.result
+    before, during, after = r.around(cut.at_ms)
+    line = {
+        "system": system, "fault": fault, "port": f"{SOURCE_LEAF}:{cut.port}",
+        "cut_at_ms": cut.at_ms, "ok": r.ok, "first_error": r.first_error,
+        "first_error_ms": r.first_error_ms, "errors": r.errors, "timed_out": r.timed_out,
+        "completed": r.completed, "count": r.settings.count, "size": r.settings.size,
+        "timeout": r.settings.timeout, "retry": r.settings.retry,
+        "retry_budget_ms": round(r.settings.retry_budget_ms, 1),
+        "duration_ms": r.duration_ms, "stall_ms": r.stall_ms,
+        "before_mb_s": before.mb_s, "during_mb_s": during.mb_s,
+        "during_ms": round(during.end_ms - during.start_ms, 1), "after_mb_s": after.mb_s,
+    }  # fmt: skip
+    print(MARKER + json.dumps(line))
+    print(f"{system}, {fault}: {describe(cut)}")
