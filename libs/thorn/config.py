@@ -40,8 +40,8 @@ class Settings(BaseSettings):
         60.0,
         gt=0,
         le=3600,
-        description="thorn-run: how long each service may take to answer /healthz at start "
-        "(raise it on slow or emulated machines)",
+        description="how long a service may take to answer /healthz when thorn-run starts it, "
+        "and the programmer's BFD child to start (raise it on slow or emulated machines)",
     )
     lab_agents: Literal["per-node", "one"] = Field(
         "one",

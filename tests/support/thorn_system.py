@@ -142,6 +142,18 @@ class RunningThorn:
         return sorted(out, key=lambda t: t["started"])
 
 
+def _shown(line: str) -> str:
+    """A log line cut short, but with the end of its exception's traceback if it has one."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return line[:400]
+    if not isinstance(record, dict) or "exception" not in record:
+        return line[:400]
+    last = str(record.pop("exception")).strip().splitlines()[-4:]
+    return json.dumps(record)[:300] + "\n    " + "\n    ".join(last)
+
+
 def logs_tail(data: Path, lines: int = 12) -> str:
     """For a failure: every warning and error line of thorn-run's log and every service's
     (data/logs), then the last lines of each."""
@@ -152,7 +164,7 @@ def logs_tail(data: Path, lines: int = 12) -> str:
             flagged = [t for t in text if any(w in t for w in ('"error"', '"warning"', "[ERR]",
                                                                "[WRN]", "Traceback"))]  # fmt: skip
             out.append(f"--- {path.name}: {len(flagged)} warnings/errors, last shown")
-            out += [t[:400] for t in flagged[-40:]]
+            out += [_shown(t) for t in flagged[-40:]]
             out.append(f"--- {path.name}: last {lines} lines")
             out += [t[:400] for t in text[-lines:]]
     return "\n".join(out)

@@ -60,6 +60,7 @@ def test_throughput_before_during_and_after_a_cut() -> None:
     b, during, a = r.around(100.5)
     assert (b.completions, b.mb_s) == (10, pytest.approx(99.5, abs=0.1))
     assert (during.start_ms, during.end_ms, during.completions) == (100.5, 300, 0)
+    assert during.mb_s == 0
     assert (a.completions, a.mb_s) == (10, pytest.approx(111.1, abs=0.1))
 
 
@@ -81,3 +82,18 @@ def test_completion_status_names_follow_the_verbs_abi() -> None:
     assert wc_status_name(12) == "IBV_WC_RETRY_EXC_ERR"
     assert wc_status_name(5) == "IBV_WC_WR_FLUSH_ERR"
     assert wc_status_name(99) == "IBV_WC_STATUS_99"
+
+
+def test_a_transfer_that_never_recovered_stalls_from_the_cut_to_its_end() -> None:
+    r = result([10.0, 20.0, 30.0, 31.0], duration=60_000, count=100, timed_out=True)
+    before, during, after = r.around(30.5)
+    assert (before.completions, during.completions, after.completions) == (3, 1, 0)
+    assert (during.start_ms, during.end_ms) == (30.5, 60_000)
+
+
+def test_a_longer_wait_long_after_the_cut_is_not_the_cut_s() -> None:
+    # 1 MB every 10 ms; the cut at 100.5 costs 200 ms; a 400 ms pause 5 s later is not it.
+    done = [10.0 * i for i in range(1, 11)] + [300.0 + 10 * i for i in range(500)]
+    done += [done[-1] + 400 + 10 * i for i in range(10)]
+    _, during, _ = result(done, duration=done[-1]).around(100.5)
+    assert (during.start_ms, during.end_ms) == (100.5, 300)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
+import select
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -41,7 +42,7 @@ __all__ = ["rdma_app"]
 rdma_app = typer.Typer(
     help="RDMA between workloads: an RC probe with NCCL's QP settings.", no_args_is_help=True
 )
-SERVER_START_S = 30.0
+SERVER_START_S = 120.0  # a fresh Python loading pyverbs; minutes under emulation
 
 
 class _Session(Protocol):
@@ -91,7 +92,9 @@ def _local_server(address: str) -> Iterator[tuple[str, int]]:
     )
     try:
         assert child.stdout is not None
-        line = child.stdout.readline()  # its first line: listening, or why not
+        # Its first line: listening, or why not (bounded: a wedged child must not hang us).
+        ready, _, _ = select.select([child.stdout], [], [], SERVER_START_S)
+        line = child.stdout.readline() if ready else ""
         try:
             said = json.loads(line) if line else {}
         except json.JSONDecodeError:
@@ -99,7 +102,9 @@ def _local_server(address: str) -> Iterator[tuple[str, int]]:
         if "listening" not in said:
             child.kill()
             reason = said.get("error") or (child.stderr.read() if child.stderr else "").strip()
-            raise _unavailable(str(reason or "the server end did not start"))
+            raise _unavailable(
+                str(reason or f"the server end did not start within {SERVER_START_S:g} s")
+            )
         try:
             yield "127.0.0.1", int(said["listening"])
         except ProbeError as exc:

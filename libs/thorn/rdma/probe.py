@@ -175,16 +175,20 @@ class ProbeResult(BaseModel):
                      mb_s=round(done * self.settings.size / seconds / 1e6, 3))  # fmt: skip
 
     def around(self, at_ms: float) -> tuple[Phase, Phase, Phase]:
-        """Before `at_ms`, during the stall that follows it, and after that stall: the
-        picture of a transfer a failure at `at_ms` cut."""
+        """Before `at_ms`; from `at_ms` to the end of the longest wait after it (the cut
+        until the transfer flowed again); and after that: the picture of a transfer a
+        failure at `at_ms` cut."""
         after = [t for t in self.completions_ms if t >= at_ms]
         before = [t for t in self.completions_ms if t < at_ms]
-        last_before = before[-1] if before else 0.0
-        gaps = [(b - a, a, b) for a, b in itertools.pairwise([last_before, *after])]
-        _, stall_start, stall_end = max(gaps) if gaps else (0.0, at_ms, self.duration_ms)
-        stall_start = max(stall_start, at_ms)
-        return (self.phase(0.0, at_ms), self.phase(stall_start, stall_end),
-                self.phase(stall_end, self.duration_ms + 1e-3))  # fmt: skip
+        marks = [before[-1] if before else 0.0, *after, *([] if self.ok else [self.duration_ms])]
+        # The cut's wait begins before the QP could have given up on what the cut lost: a
+        # longer wait that begins later is something else (the emulator, a collector).
+        horizon = at_ms + self.settings.retry_budget_ms
+        _, recovered = max(((b - a, b) for a, b in itertools.pairwise(marks) if a <= horizon),
+                           default=(0.0, self.duration_ms))  # fmt: skip
+        recovered = max(recovered, at_ms)
+        return (self.phase(0.0, at_ms), self.phase(at_ms, recovered),
+                self.phase(recovered, self.duration_ms + 1e-3))  # fmt: skip
 
     def rtt_percentile(self, q: float) -> float | None:
         if not self.rtt_us:

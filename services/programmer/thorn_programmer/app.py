@@ -252,8 +252,8 @@ async def _start_bfd(
     events = EventQueue()
     # In a child process: a BFD thread here would wait for the GIL behind the agents' work,
     # and 10 ms timers then run late (docs/bfd.md).
-    manager = SupervisedBfd(events.put, name="programmer")
-    manager.start()
+    manager = SupervisedBfd(events.put, name="programmer", start_timeout_s=settings.start_timeout_s)
+    await asyncio.to_thread(manager.start)  # the child's start must not stall this loop
     stack.callback(manager.close)  # AdminDown to every peer: a stop is not a failure
     discriminators = Discriminators()
     nodes = []

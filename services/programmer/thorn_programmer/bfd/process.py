@@ -43,7 +43,7 @@ _CHILD = (
     "from thorn_programmer.bfd.process import _child_main; "
     "_child_main(Connection(int(sys.argv[1])), sys.argv[2])"
 )
-_START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 30.0  # the child's Python start and imports (minutes under emulation)
 
 
 # The child's scheduling: BFD needs little CPU but needs it on time. As root it runs
@@ -120,8 +120,10 @@ class BfdProcess:
         on_event: Callable[[BfdEvent], None] | None = None,
         *,
         name: str = "bfd",
+        start_timeout_s: float = START_TIMEOUT_S,
     ) -> None:
         self.name = name
+        self.start_timeout_s = start_timeout_s
         self._on_event = on_event
         self._conn: Connection | None = None
         self._process: subprocess.Popen[bytes] | None = None
@@ -150,9 +152,11 @@ class BfdProcess:
         self._conn = Connection(ours.detach())
         self._reader = threading.Thread(target=self._read, name=f"bfd-{self.name}-rx", daemon=True)
         self._reader.start()
-        if not self._ready.wait(_START_TIMEOUT_S) or self._gone:
+        if not self._ready.wait(self.start_timeout_s) or self._gone:
             self.close(admin_down=False)
-            raise RuntimeError("the BFD child process did not start")
+            raise RuntimeError(
+                f"the BFD child process did not start within {self.start_timeout_s:g} s"
+            )
 
     @property
     def alive(self) -> bool:

@@ -16,7 +16,7 @@ import structlog
 from prometheus_client import Counter
 
 from thorn_programmer.bfd.manager import BfdEvent, Counters, SessionStatus
-from thorn_programmer.bfd.process import BfdProcess
+from thorn_programmer.bfd.process import START_TIMEOUT_S, BfdProcess
 from thorn_programmer.bfd.session import SessionConfig
 
 log = structlog.get_logger("thorn.programmer.bfd")
@@ -31,9 +31,16 @@ MAX_BACKOFF_SECONDS = 10.0
 class SupervisedBfd:
     """A `BfdProcess` that is replaced when it dies (the `SessionRunner` BfdSessions use)."""
 
-    def __init__(self, on_event: Callable[[BfdEvent], None], *, name: str) -> None:
+    def __init__(
+        self,
+        on_event: Callable[[BfdEvent], None],
+        *,
+        name: str,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> None:
         self._on_event, self.name = on_event, name
-        self.process = BfdProcess(on_event=on_event, name=name)
+        self.start_timeout_s = start_timeout_s
+        self.process = BfdProcess(on_event=on_event, name=name, start_timeout_s=start_timeout_s)
         self.restarts = 0
         self.on_restart: list[Callable[[], Awaitable[None]]] = []
 
@@ -77,7 +84,8 @@ class SupervisedBfd:
                 backoff = WATCH_SECONDS
                 continue
             log.error("bfd_child_died", manager=self.name, restarts=self.restarts)
-            fresh = BfdProcess(on_event=self._on_event, name=self.name)
+            fresh = BfdProcess(on_event=self._on_event, name=self.name,
+                               start_timeout_s=self.start_timeout_s)  # fmt: skip
             try:
                 await asyncio.to_thread(fresh.start)
             except (RuntimeError, OSError) as exc:
