@@ -253,7 +253,7 @@ async def _start_bfd(
     # In a child process: a BFD thread here would wait for the GIL behind the agents' work,
     # and 10 ms timers then run late (docs/bfd.md).
     manager = SupervisedBfd(events.put, name="programmer", start_timeout_s=settings.start_timeout_s)
-    await asyncio.to_thread(manager.start)  # the child's start must not stall this loop
+    manager.start()  # blocks this loop until the child is up (at most start_timeout_s)
     stack.callback(manager.close)  # AdminDown to every peer: a stop is not a failure
     discriminators = Discriminators()
     nodes = []
