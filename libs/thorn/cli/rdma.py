@@ -22,12 +22,14 @@ import json
 import select
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Protocol, cast
 from urllib.parse import quote
 
 import typer
 from pydantic import ValidationError
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from thorn.cli.errors import CliError, ExitCode
 from thorn.cli.render import Out, OutputFormat
@@ -156,9 +158,18 @@ def probe(
     settings = _settings(mode=mode, size=size, count=count, window=window, timeout=timeout,
                          retry=retry, deadline_s=deadline)  # fmt: skip
     src_ip, dst_ip = _address(ctx, src, "SRC"), _address(ctx, dst, "DST")
+    started = time.monotonic()
+
+    def stage(what: str) -> None:  # on stderr: where a slow start spends its time
+        out.note(f"[{time.monotonic() - started:6.1f} s] {what}")
+
     try:
-        with contextlib.nullcontext(_server(server)) if server else _local_server(dst_ip) as where:
-            result = run_client(src_ip, dst_ip, where, settings)
+        with (
+            contextlib.nullcontext(_server(server)) if server else _local_server(dst_ip) as where,
+            _progress(out, settings.count) as progress,
+        ):
+            stage(f"{dst}'s end listens on {where[0]}:{where[1]}")
+            result = run_client(src_ip, dst_ip, where, settings, progress, stage)
     except RdmaUnavailable as exc:
         raise _unavailable(str(exc)) from None
     except ProbeError as exc:
@@ -167,6 +178,18 @@ def probe(
         _show(out, src, dst, result)
     if not result.ok:
         raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _progress(out: Out, count: int) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich bar of completions on a terminal; nothing otherwise."""
+    if not out.stderr_is_terminal:
+        yield None
+        return
+    with Progress(TextColumn("completions"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=out.err, transient=True) as bar:  # fmt: skip
+        task = bar.add_task("probe", total=count)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _show(out: Out, src: str, dst: str, r: ProbeResult) -> None:

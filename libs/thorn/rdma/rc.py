@@ -42,6 +42,7 @@ RNR_RETRY = 7  # "infinite": a receiver short of buffers is not what the probe m
 MIN_RNR_TIMER = 12  # 0.64 ms
 MTU_ENUM = {256: 1, 512: 2, 1024: 3, 2048: 4, 4096: 5}  # enum ibv_mtu
 Progress = Callable[[int, int], None]  # (completed, count)
+Stage = Callable[[str], None]  # a step of the set-up done, for the person waiting
 
 
 class ProbeError(RuntimeError):
@@ -196,9 +197,13 @@ def run_client(
     server: tuple[str, int],
     settings: ProbeSettings,
     progress: Progress | None = None,
+    stage: Stage | None = None,
 ) -> ProbeResult:
     """Probe from the local end that owns address `src` to the server end of `dst`."""
+    said = stage or (lambda _: None)
     endpoint = roce_endpoint(src)
+    said(f"{src} sends from {endpoint.device} port {endpoint.port}, GID index "
+         f"{endpoint.gid_index}")  # fmt: skip
     try:
         end = _Qp(endpoint, settings)
     except load().error as exc:
@@ -212,6 +217,7 @@ def run_client(
                          "qp": end.info().model_dump()})  # fmt: skip
             remote = QpInfo.model_validate(_receive(stream)["qp"])
             end.connect(remote)
+            said(f"QP {end.qp.qp_num} connected to {dst}'s QP {remote.qpn}")
             if settings.mode is ProbeMode.pingpong:  # before the first SEND: its echo lands here
                 end.post_recv(0)
             result = ProbeResult(src=src, dst=dst, device=endpoint.device,

@@ -22,7 +22,14 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-__all__ = ["RdmaUnavailable", "RoceEndpoint", "gid_of", "load", "roce_endpoint"]
+__all__ = [
+    "RdmaUnavailable",
+    "RoceEndpoint",
+    "gid_of",
+    "gid_table",
+    "load",
+    "roce_endpoint",
+]
 
 SYSTEM_PATHS = ("/usr/lib/python3/dist-packages",)
 ROCE_V2 = 2  # enum ibv_gid_type_sysfs... IBV_GID_TYPE_ROCE_V2 in struct ibv_gid_entry
@@ -125,22 +132,26 @@ class RoceEndpoint:
     gid: str
 
 
+def gid_table(context: Any) -> list[Any]:
+    """Every valid GID entry of an open device `context`, all ports, in one read
+    (ibv_query_gid_table): entries carry gid_index, port_num, gid_type, ndev_ifindex and
+    gid_str(). One call, not one per index: rxe's tables are 1,024 entries long."""
+    attr = context.query_device()
+    length = sum(context.query_port(n).gid_tbl_len for n in range(1, attr.phys_port_cnt + 1))
+    return list(context.query_gid_table(max(length, 1)))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def roce_endpoint(address: str) -> RoceEndpoint:
     """The local RDMA device port whose RoCE v2 GID is `address`; RdmaUnavailable if none."""
     verbs = load()
     wanted = gid_of(address)
     for name in device_names():
-        context = verbs.device.Context(name=name)
-        try:
-            ports = context.query_device().phys_port_cnt
-            for port in range(1, ports + 1):
-                for index in range(context.query_port(port).gid_tbl_len):
-                    try:
-                        entry = context.query_gid_ex(port, index)
-                    except verbs.device.PyverbsRDMAError:  # an unused entry
-                        continue
-                    if entry.gid_type == ROCE_V2 and entry.gid_str() == wanted:
-                        return RoceEndpoint(address, name, port, index, wanted)
-        finally:
-            context.close()
+        with verbs.device.Context(name=name) as context:
+            for entry in gid_table(context):
+                if entry.gid_type == ROCE_V2 and _text(entry.gid_str()) == wanted:
+                    return RoceEndpoint(address, name, entry.port_num, entry.gid_index, wanted)
     raise RdmaUnavailable(f"no RDMA device here has a RoCE v2 GID for {address}")

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from thorn.observed import RdmaDevice, RdmaGid, RdmaObservation, RdmaPort
-from thorn.rdma.verbs import RdmaUnavailable, load
+from thorn.rdma.verbs import RdmaUnavailable, gid_table, load
 
 # enum ibv_port_state and ibv_gid_type (infiniband/verbs.h); the GID type words are the
 # kernel's own (/sys/class/infiniband/<dev>/ports/<n>/gid_attrs/types/<index>).
@@ -105,8 +105,7 @@ def read_devices() -> list[RawDevice]:
             attr = ctx.query_device()
             numbers = range(1, attr.phys_port_cnt + 1)
             attrs = {n: ctx.query_port(n) for n in numbers}
-            # One read of every port's valid entries (ibv_query_gid_table).
-            table = ctx.query_gid_table(max(sum(a.gid_tbl_len for a in attrs.values()), 1))
+            table = gid_table(ctx)
             ports = [
                 RawPort(n, attrs[n].state, attrs[n].link_layer, [
                     RawGid(index=e.gid_index, gid=_gid_text(e), gid_type=e.gid_type,
