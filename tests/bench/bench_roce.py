@@ -58,13 +58,14 @@ def _outcome(cut: dict[str, Any]) -> str:
 def rows(cuts: list[dict[str, Any]]) -> list[list[str]]:
     return [
         [c["system"], c["fault"], c["port"], _outcome(c), f"{c['completed']}/{c['count']}",
-         f"{c['stall_ms']:.1f}", f"{c['before_mb_s']:.2f}",
+         f"{c['cut_wait_ms']:.1f}", f"{c['stall_ms']:.1f}", f"{c['before_mb_s']:.2f}",
          f"{c['during_mb_s']:.2f} ({c['during_ms']:.0f} ms)", f"{c['after_mb_s']:.2f}"]
         for c in cuts
     ]  # fmt: skip
 
 
-COLUMNS = ["system", "cut", "leaf uplink", "transfer", "messages", "longest stall ms",
+COLUMNS = ["system", "cut", "leaf uplink", "transfer", "messages", "cut's stall ms",
+           "longest stall ms",
            "MB/s before", "MB/s during", "MB/s after"]  # fmt: skip
 
 
@@ -81,8 +82,10 @@ def markdown(cuts: list[dict[str, Any]], seconds: float) -> str:
         f"RC QP with timeout 14 and retry 7 (the QP fails after {budget:.0f} ms without an "
         "acknowledgement) from host1 to host2. Mid-transfer the leaf1 uplink carrying it is "
         "cut; the static path is the same lab with one route per destination and nothing "
-        "reacting. Stall: the longest wait between two completions. During: the stall after "
-        "the cut.",
+        "reacting. Cut's stall: from the last completion before the cut to the first after "
+        "it (the transfer moved or the retries ran out); longest stall: the longest wait "
+        "between two completions in the whole run. During: from the cut to the end of its "
+        "stall.",
         "",
         *markdown_table(COLUMNS, rows(cuts)),
         MARK_END,

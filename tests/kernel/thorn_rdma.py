@@ -109,8 +109,11 @@ class Probe:
 
     proc: subprocess.Popen[str]
 
+    stderr: str = ""
+
     def result(self, timeout_s: float) -> ProbeResult:
         out, err = self.proc.communicate(timeout=timeout_s)
+        self.stderr = err
         if not out.strip():
             raise AssertionError(f"thornctl rdma probe printed no result (exit "
                                  f"{self.proc.returncode}): {err}")  # fmt: skip
@@ -141,6 +144,51 @@ class Cut:
     result: ProbeResult
     port: str  # the leaf1 port whose link was cut
     at_ms: float  # when, on the probe's clock (ms from its first post)
+    load: str = ""  # the guest's CPU and rxeA's counters over the transfer, for the log
+    probe_log: str = ""  # the probe's stage lines (stderr)
+
+
+def _rxe_counters(device: str) -> dict[str, int]:
+    """rxe's own counters (retries, sequence errors, duplicates...): why a transfer stalled."""
+    folder = Path(f"/sys/class/infiniband/{device}/ports/1/hw_counters")
+    out: dict[str, int] = {}
+    for path in folder.glob("*") if folder.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError):
+            out[path.name] = int(path.read_text())
+    return out
+
+
+CpuSample = tuple[int, int, dict[int, tuple[str, int]]]
+
+
+def _cpu() -> CpuSample:
+    """Busy and total jiffies of the guest, and each process's name and jiffies."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:8]]
+    per: dict[int, tuple[str, int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            rest = text[text.rindex(")") + 2 :].split()
+            args = (stat.parent / "cmdline").read_bytes().split(b"\0")
+            # A Python program by its script's name (thorn-health, thornctl...), else its own.
+            script = args[1] if args[0].endswith(b"python3") and len(args) > 1 else args[0]
+            name = Path(script.decode()).name or text[text.index("(") + 1 : text.rindex(")")]
+            per[int(stat.parent.name)] = (name, int(rest[11]) + int(rest[12]))
+    return sum(fields) - fields[3] - fields[4], sum(fields), per
+
+
+def _load(cpu0: CpuSample, rxe0: dict[str, int], device: str) -> str:
+    busy1, total1, per1 = _cpu()
+    ticks = max(total1 - cpu0[1], 1)
+    used: dict[str, int] = {}
+    for pid, (name, jiffies) in per1.items():
+        used[name] = used.get(name, 0) + jiffies - cpu0[2].get(pid, (name, 0))[1]
+    top = sorted(((t, n) for n, t in used.items() if t > 0), reverse=True)[:6]
+    cpus = ", ".join(f"{n} {100 * t / ticks:.0f}%" for t, n in top)
+    rxe1 = _rxe_counters(device)
+    moved = {k: rxe1[k] - rxe0.get(k, 0) for k in rxe1 if rxe1[k] != rxe0.get(k, 0)}
+    return (f"guest CPU {100 * (busy1 - cpu0[0]) / ticks:.0f}% busy (of all CPUs: {cpus}); "
+            f"{device} counters {moved}")  # fmt: skip
 
 
 def cut_mid_transfer(
@@ -154,6 +202,7 @@ def cut_mid_transfer(
     uplink that carries it (`inject("leaf1:PORT")`); the probe's result and the cut."""
     before = uplink_counters(lab, SOURCE_LEAF)
     sent = tx_packets(None, ends.a.dev)
+    cpu0, rxe0 = _cpu(), _rxe_counters(ends.rxe["A"])
     with probe(*names, api=api) as running:
         deadline = time.monotonic() + START_BOUND_S
         while tx_packets(None, ends.a.dev) - sent < CUT_AFTER_PACKETS:
@@ -169,7 +218,9 @@ def cut_mid_transfer(
         cut_at = time.monotonic()
         inject(f"{SOURCE_LEAF}:{port}")
         result = running.result(timeout_s=TRANSFER.deadline_s + 60)
-    return Cut(result, port, round((cut_at - result.started_monotonic) * 1000, 3))
+        load = _load(cpu0, rxe0, ends.rxe["A"])
+    at_ms = round((cut_at - result.started_monotonic) * 1000, 3)
+    return Cut(result, port, at_ms, load, running.stderr.strip())
 
 
 def describe(cut: Cut) -> str:
@@ -179,8 +230,9 @@ def describe(cut: Cut) -> str:
     verdict = "completed" if r.ok else f"FAILED ({r.first_error or 'deadline'})"
     return (
         f"cut {SOURCE_LEAF}:{cut.port} at {cut.at_ms:.0f} ms: {verdict}, "
-        f"{r.completed}/{r.settings.count} in {r.duration_ms:.0f} ms; longest stall "
-        f"{r.stall_ms:.1f} ms; MB/s before {before.mb_s:g}, during {during.mb_s:g} "
+        f"{r.completed}/{r.settings.count} in {r.duration_ms:.0f} ms; the cut's wait "
+        f"{r.cut_wait(cut.at_ms)[0]:.1f} ms (longest of the run {r.stall_ms:.1f} ms); "
+        f"MB/s before {before.mb_s:g}, during {during.mb_s:g} "
         f"({during.end_ms - during.start_ms:.0f} ms), after {after.mb_s:g}; errors {r.errors}"
     )
 
@@ -198,8 +250,11 @@ def report(system: str, fault: str, cut: Cut) -> None:
         "timeout": r.settings.timeout, "retry": r.settings.retry,
         "retry_budget_ms": round(r.settings.retry_budget_ms, 1),
         "duration_ms": r.duration_ms, "stall_ms": r.stall_ms,
+        "cut_wait_ms": r.cut_wait(cut.at_ms)[0],
         "before_mb_s": before.mb_s, "during_mb_s": during.mb_s,
         "during_ms": round(during.end_ms - during.start_ms, 1), "after_mb_s": after.mb_s,
     }  # fmt: skip
     print(MARKER + json.dumps(line))
     print(f"{system}, {fault}: {describe(cut)}")
+    print(f"  {cut.load}")
+    print("  " + "\n  ".join(cut.probe_log.splitlines()))

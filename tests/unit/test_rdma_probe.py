@@ -97,3 +97,11 @@ def test_a_longer_wait_long_after_the_cut_is_not_the_cut_s() -> None:
     done += [done[-1] + 400 + 10 * i for i in range(10)]
     _, during, _ = result(done, duration=done[-1]).around(100.5)
     assert (during.start_ms, during.end_ms) == (100.5, 300)
+
+
+def test_the_cut_s_wait_runs_from_the_last_completion_before_it_to_the_next() -> None:
+    # A slow first completion (600 ms: the QP's first packets) is not what the cut cost.
+    done = [600.0, *[600.0 + 10 * i for i in range(1, 11)], 950.0, 960.0]
+    r = result(done, duration=960)
+    assert r.stall_ms == 600
+    assert r.cut_wait(705.0) == (250.0, 950.0)
