@@ -1,7 +1,8 @@
 """RDMA through a path cut, with THORN and without: the kernel lane's RoCE proof, reported.
 
-Runs `tests/kernel/test_rdma_thorn.py` in the kernel lane (Debian's kernel under qemu, where
-flower, tunnel_key and Soft-RoCE exist): `thorn-run` in the guest carries an RC transfer
+Runs `tests/kernel/test_rdma_static.py` and `test_rdma_thorn.py` in the kernel lane
+(Debian's kernel under qemu, where flower, tunnel_key and Soft-RoCE exist): `thorn-run` in
+the guest carries an RC transfer
 (`thornctl rdma probe`, 6,000 RDMA WRITEs of 1 KiB, QP timeout 14 and retry 7 as NCCL's
 NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT would set them) between two hosts' rxe devices, and the
 leaf uplink carrying it is cut mid-transfer by carrier loss, then by a silent drop; the same
@@ -35,16 +36,17 @@ LANE_TIMEOUT_S = 1800
 console = Console(stderr=True)
 
 
-def run_lane() -> list[dict[str, Any]]:
+def run_lane() -> tuple[list[dict[str, Any]], bool]:
     cmd = [sys.executable, str(REPO / "tests/kernel/lane.py"), "--lane-timeout",
-           str(LANE_TIMEOUT_S), "-s", "-v", "tests/kernel/test_rdma_thorn.py"]  # fmt: skip
+           str(LANE_TIMEOUT_S), "-s", "-v", "tests/kernel/test_rdma_static.py",
+           "tests/kernel/test_rdma_thorn.py"]  # fmt: skip
     run = subprocess.run(cmd, cwd=REPO, check=False)
     cuts = [json.loads(line[len(MARKER) :])
             for line in LANE_LOG.read_text(errors="replace").splitlines()
             if line.startswith(MARKER)] if LANE_LOG.exists() else []  # fmt: skip
     if run.returncode != 0:
         console.print(f"[red]the kernel lane failed ({run.returncode}); see {LANE_LOG}[/red]")
-    return cuts
+    return cuts, run.returncode == 0
 
 
 def _outcome(cut: dict[str, Any]) -> str:
@@ -98,7 +100,7 @@ def main() -> None:
     parser.add_argument("--write", type=Path, help="update this markdown file's section")
     args = parser.parse_args()
     started = time.monotonic()
-    cuts = run_lane()
+    cuts, passed = run_lane()
     seconds = time.monotonic() - started
     print_results(console, [("RDMA through a path cut", COLUMNS, rows(cuts))], [])
     if not cuts:
@@ -106,6 +108,8 @@ def main() -> None:
     if args.write:
         write_section(args.write, markdown(cuts, seconds), MARK_BEGIN, MARK_END)
         console.print(f"written to {args.write}")
+    if not passed:  # what was measured is written, but the run says it failed
+        sys.exit(1)
 
 
 if __name__ == "__main__":

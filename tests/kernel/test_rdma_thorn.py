@@ -101,7 +101,7 @@ async def test_with_thorn_an_rc_transfer_survives_a_cut_of_its_path(
     # The cut landed mid-transfer, and the transfer flowed again sooner than the QP's retry
     # budget: from the last completion before the cut to the first after the move.
     assert 0 < cut.at_ms < result.duration_ms
-    assert result.cut_wait(cut.at_ms)[0] < TRANSFER.retry_budget_ms, describe(cut)
+    assert result.cut_wait(cut.at_ms, cut.until_ms)[0] < TRANSFER.retry_budget_ms, describe(cut)
 
 
 async def test_thornctl_rdma_probe_ping_pongs_between_two_workloads_by_name(

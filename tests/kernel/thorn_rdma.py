@@ -143,7 +143,8 @@ def probe(src: str, dst: str, api: tuple[str, str] | None = None) -> Iterator[Pr
 class Cut:
     result: ProbeResult
     port: str  # the leaf1 port whose link was cut
-    at_ms: float  # when, on the probe's clock (ms from its first post)
+    at_ms: float  # when the injection began, on the probe's clock (ms from its first post)
+    until_ms: float  # when it returned: the fault took hold in between
     load: str = ""  # the guest's CPU and rxeA's counters over the transfer, for the log
     probe_log: str = ""  # the probe's stage lines (stderr)
 
@@ -217,21 +218,23 @@ def cut_mid_transfer(
         port = max(now, key=lambda p: now[p] - before[p])
         cut_at = time.monotonic()
         inject(f"{SOURCE_LEAF}:{port}")
+        cut_done = time.monotonic()
         result = running.result(timeout_s=TRANSFER.deadline_s + 60)
         load = _load(cpu0, rxe0, ends.rxe["A"])
-    at_ms = round((cut_at - result.started_monotonic) * 1000, 3)
-    return Cut(result, port, at_ms, load, running.stderr.strip())
+    at_ms, until_ms = (round((t - result.started_monotonic) * 1000, 3) for t in (cut_at, cut_done))
+    return Cut(result, port, at_ms, until_ms, load, running.stderr.strip())
 
 
 def describe(cut: Cut) -> str:
     """One line for the log: what the transfer did around the cut."""
     r = cut.result
-    before, during, after = r.around(cut.at_ms)
+    before, during, after = r.around(cut.at_ms, cut.until_ms)
     verdict = "completed" if r.ok else f"FAILED ({r.first_error or 'deadline'})"
     return (
-        f"cut {SOURCE_LEAF}:{cut.port} at {cut.at_ms:.0f} ms: {verdict}, "
+        f"cut {SOURCE_LEAF}:{cut.port} at {cut.at_ms:.0f}-{cut.until_ms:.0f} ms: {verdict}, "
         f"{r.completed}/{r.settings.count} in {r.duration_ms:.0f} ms; the cut's wait "
-        f"{r.cut_wait(cut.at_ms)[0]:.1f} ms (longest of the run {r.stall_ms:.1f} ms); "
+        f"{r.cut_wait(cut.at_ms, cut.until_ms)[0]:.1f} ms (longest of the run "
+        f"{r.stall_ms:.1f} ms); "
         f"MB/s before {before.mb_s:g}, during {during.mb_s:g} "
         f"({during.end_ms - during.start_ms:.0f} ms), after {after.mb_s:g}; errors {r.errors}"
     )
@@ -241,16 +244,17 @@ def report(system: str, fault: str, cut: Cut) -> None:
     """The cut as one marked JSON line of output (`tests/bench/bench_roce.py` collects them
     into docs/benchmarks.md) and one line for people."""
     r = cut.result
-    before, during, after = r.around(cut.at_ms)
+    before, during, after = r.around(cut.at_ms, cut.until_ms)
     line = {
         "system": system, "fault": fault, "port": f"{SOURCE_LEAF}:{cut.port}",
-        "cut_at_ms": cut.at_ms, "ok": r.ok, "first_error": r.first_error,
+        "cut_at_ms": cut.at_ms, "cut_until_ms": cut.until_ms, "ok": r.ok,
+        "first_error": r.first_error,
         "first_error_ms": r.first_error_ms, "errors": r.errors, "timed_out": r.timed_out,
         "completed": r.completed, "count": r.settings.count, "size": r.settings.size,
         "timeout": r.settings.timeout, "retry": r.settings.retry,
         "retry_budget_ms": round(r.settings.retry_budget_ms, 1),
         "duration_ms": r.duration_ms, "stall_ms": r.stall_ms,
-        "cut_wait_ms": r.cut_wait(cut.at_ms)[0],
+        "cut_wait_ms": r.cut_wait(cut.at_ms, cut.until_ms)[0],
         "before_mb_s": before.mb_s, "during_mb_s": during.mb_s,
         "during_ms": round(during.end_ms - during.start_ms, 1), "after_mb_s": after.mb_s,
     }  # fmt: skip

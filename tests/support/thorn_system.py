@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import nats.errors
 
 from thorn.auth import new_token
 from thorn.bus import Bus, CaughtUp
@@ -40,6 +41,11 @@ from thorn.store import Store
 from thorn.store.store import sqlite_url
 
 START_TIMEOUT_S = 180.0  # the lab build and every service's start, on a loaded 2-core machine
+# One answer from a service or NATS: generous, since under emulation (the kernel lane) a
+# service busy planning or programming answers in seconds, not ms. A settle keeps polling
+# through slow answers until its own deadline.
+ASK_TIMEOUT_S = 15.0
+SLOW = (httpx.TimeoutException, httpx.TransportError, nats.errors.TimeoutError)
 STOP_TIMEOUT_S = 60.0
 
 
@@ -63,7 +69,12 @@ class RunningThorn:
             self.applied.append((time.time(), event.node, event.key_revision))
 
         sub = await self.bus.subscribe(AGENT_APPLIED_ALL, applied, model=DatapathApplied)
-        kv = await self.bus.desired_state()
+        while True:  # until cancelled: NATS may be slow to answer while THORN starts
+            try:
+                kv = await self.bus.desired_state()
+                break
+            except nats.errors.TimeoutError:
+                await asyncio.sleep(1.0)
         try:
             async with kv.watch() as watch:
                 async for item in watch:
@@ -99,31 +110,39 @@ class RunningThorn:
         keeps a port's primaries withdrawn and health has no link out of service (both come
         back once the link has been up for the up hold: until then pathcomp plans without
         it, and a failure then is a double one). False if that did not happen `within` seconds."""
-        kv = await self.bus.desired_state()
         deadline = time.monotonic() + within
-        last: dict[str, int] | None = None
-        quiet_since = time.monotonic()
-        async with httpx.AsyncClient(timeout=5) as client:
+        state: dict[str, Any] = {"last": None, "quiet_since": time.monotonic()}
+        async with httpx.AsyncClient(timeout=ASK_TIMEOUT_S) as client:
             while time.monotonic() < deadline:
-                status = (await client.get(f"{self.services['programmer']}/status")).json()
-                applied = {a["node"]: a["key_revision"] for a in status}
-                entries = {n: await kv.get(node_key(n)) for n in applied}
-                held = {n: e.revision for n, e in entries.items() if e is not None}
-                if held != last:
-                    last, quiet_since = held, time.monotonic()
-                caught_up = all(applied[n] >= r for n, r in held.items())
-                caught_up = caught_up and not any(a["withdrawn"] for a in status)
-                if caught_up and time.monotonic() - quiet_since >= quiet_s:
-                    bfd = (await client.get(f"{self.services['programmer']}/bfd")).json()
-                    if all(session["state"] == "up" for session in bfd["sessions"]):
-                        links = f"{self.services['health']}/api/v1/health/links"
-                        page = (await client.get(links, headers=self.headers(),
-                                                 params={"limit": "1000"})).json()  # fmt: skip
-                        out = {"down", "flapping", "drained"}  # out of service
-                        if not any(link["state"] in out for link in page["items"]):
-                            return True
+                try:
+                    if await self._settled(client, state, quiet_s):
+                        return True
+                except SLOW:
+                    pass  # a slow answer is not a verdict: ask again
                 await asyncio.sleep(0.05)
         return False
+
+    async def _settled(self, client: httpx.AsyncClient, state: dict[str, Any],
+                       quiet_s: float) -> bool:  # fmt: skip
+        """One look at the agents, the KV, BFD and health (`settle` says what is asked)."""
+        kv = await self.bus.desired_state()
+        status = (await client.get(f"{self.services['programmer']}/status")).json()
+        applied = {a["node"]: a["key_revision"] for a in status}
+        entries = {n: await kv.get(node_key(n)) for n in applied}
+        held = {n: e.revision for n, e in entries.items() if e is not None}
+        if held != state["last"]:
+            state["last"], state["quiet_since"] = held, time.monotonic()
+        caught_up = all(applied[n] >= r for n, r in held.items())
+        caught_up = caught_up and not any(a["withdrawn"] for a in status)
+        if not caught_up or time.monotonic() - state["quiet_since"] < quiet_s:
+            return False
+        bfd = (await client.get(f"{self.services['programmer']}/bfd")).json()
+        if not all(session["state"] == "up" for session in bfd["sessions"]):
+            return False
+        links = f"{self.services['health']}/api/v1/health/links"
+        page = (await client.get(links, headers=self.headers(), params={"limit": "1000"})).json()
+        out = {"down", "flapping", "drained"}  # out of service
+        return not any(link["state"] in out for link in page["items"])
 
     async def failovers(self, since: str, until: str) -> list[dict[str, Any]]:
         """Health's failover timelines (with their hops) that started in [since, until)."""

@@ -105,3 +105,11 @@ def test_the_cut_s_wait_runs_from_the_last_completion_before_it_to_the_next() ->
     r = result(done, duration=960)
     assert r.stall_ms == 600
     assert r.cut_wait(705.0) == (250.0, 950.0)
+
+
+def test_a_fault_that_took_time_to_inject_is_looked_for_until_it_held() -> None:
+    # Injected from 100 to 900 ms; completions ran on until 800, then nothing for 300 ms.
+    done = [10.0 * i for i in range(1, 81)] + [1100.0 + 10 * i for i in range(10)]
+    r = result(done, duration=done[-1])
+    assert r.cut_wait(100.0)[0] == 10.0  # looked for from the start alone, it is missed
+    assert r.cut_wait(100.0, 900.0) == (300.0, 1100.0)

@@ -174,25 +174,26 @@ class ProbeResult(BaseModel):
         return Phase(start_ms=round(start_ms, 3), end_ms=round(end_ms, 3), completions=done,
                      mb_s=round(done * self.settings.size / seconds / 1e6, 3))  # fmt: skip
 
-    def cut_wait(self, at_ms: float) -> tuple[float, float]:
-        """The wait a failure at `at_ms` caused: (its length in ms, when the transfer
-        flowed again). The longest wait that covers `at_ms` or begins after it, but before
-        the QP could have given up on what the cut lost: a longer wait that begins later
-        is something else (the emulator, a collector)."""
+    def cut_wait(self, at_ms: float, until_ms: float | None = None) -> tuple[float, float]:
+        """The wait a failure injected from `at_ms` to `until_ms` (default: at once) caused:
+        (its length in ms, when the transfer flowed again). The longest wait that covers
+        `at_ms` or begins after it, but before the QP could have given up on what the cut
+        lost: a longer wait that begins later is something else (the emulator, a
+        collector)."""
         after = [t for t in self.completions_ms if t >= at_ms]
         before = [t for t in self.completions_ms if t < at_ms]
         marks = [before[-1] if before else 0.0, *after, *([] if self.ok else [self.duration_ms])]
-        horizon = at_ms + self.settings.retry_budget_ms
+        horizon = max(at_ms, until_ms or at_ms) + self.settings.retry_budget_ms
         length, recovered = max(
             ((b - a, b) for a, b in itertools.pairwise(marks) if a <= horizon),
             default=(0.0, self.duration_ms),
         )
         return round(length, 3), max(recovered, at_ms)
 
-    def around(self, at_ms: float) -> tuple[Phase, Phase, Phase]:
+    def around(self, at_ms: float, until_ms: float | None = None) -> tuple[Phase, Phase, Phase]:
         """Before `at_ms`; from `at_ms` until the transfer flowed again (`cut_wait`); and
         after that: the picture of a transfer a failure at `at_ms` cut."""
-        _, recovered = self.cut_wait(at_ms)
+        _, recovered = self.cut_wait(at_ms, until_ms)
         return (self.phase(0.0, at_ms), self.phase(at_ms, recovered),
                 self.phase(recovered, self.duration_ms + 1e-3))  # fmt: skip
 
