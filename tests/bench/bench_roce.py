@@ -36,14 +36,18 @@ LANE_TIMEOUT_S = 1800
 console = Console(stderr=True)
 
 
+def read_cuts(log: Path) -> list[dict[str, Any]]:
+    """The marked measurement lines of a lane log."""
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return [json.loads(line[len(MARKER) :]) for line in lines if line.startswith(MARKER)]
+
+
 def run_lane() -> tuple[list[dict[str, Any]], bool]:
     cmd = [sys.executable, str(REPO / "tests/kernel/lane.py"), "--lane-timeout",
            str(LANE_TIMEOUT_S), "-s", "-v", "tests/kernel/test_rdma_static.py",
            "tests/kernel/test_rdma_thorn.py"]  # fmt: skip
     run = subprocess.run(cmd, cwd=REPO, check=False)
-    cuts = [json.loads(line[len(MARKER) :])
-            for line in LANE_LOG.read_text(errors="replace").splitlines()
-            if line.startswith(MARKER)] if LANE_LOG.exists() else []  # fmt: skip
+    cuts = read_cuts(LANE_LOG)
     if run.returncode != 0:
         console.print(f"[red]the kernel lane failed ({run.returncode}); see {LANE_LOG}[/red]")
     return cuts, run.returncode == 0
@@ -71,13 +75,15 @@ COLUMNS = ["system", "cut", "leaf uplink", "transfer", "messages", "cut's stall 
            "MB/s before", "MB/s during", "MB/s after"]  # fmt: skip
 
 
-def markdown(cuts: list[dict[str, Any]], seconds: float) -> str:
+def markdown(cuts: list[dict[str, Any]], seconds: float | None) -> str:
     budget = cuts[0]["retry_budget_ms"] if cuts else 0
     lines = [
         MARK_BEGIN,
         "## RDMA through a path cut (kernel lane, Soft-RoCE)",
         "",
-        f"`{COMMAND}` ({time.strftime('%Y-%m-%d')}, {seconds:.0f} s). Debian's 6.1 kernel "
+        f"`{COMMAND}` ({time.strftime('%Y-%m-%d')}, "
+        + (f"{seconds:.0f} s). " if seconds is not None else "from a `make test` lane log). ")
+        + "Debian's 6.1 kernel "
         "under qemu (TCG, 2 vCPUs), so absolute rates are the emulator's, not a NIC's. "
         "`thorn-run` runs in the guest on `leaf_spine(2, 2, 1)` (BFD 30 ms x 3; flower on the "
         "hosts); `thornctl rdma probe` streams 6,000 RDMA WRITEs of 1 KiB, 16 in flight, over one "
@@ -98,10 +104,19 @@ def markdown(cuts: list[dict[str, Any]], seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", type=Path, help="update this markdown file's section")
+    parser.add_argument(
+        "--from-log",
+        type=Path,
+        help="read the cuts of a lane run's log "
+        "(a default `make test` run prints them) instead of running the lane",
+    )
     args = parser.parse_args()
     started = time.monotonic()
-    cuts, passed = run_lane()
-    seconds = time.monotonic() - started
+    if args.from_log:
+        cuts, passed = read_cuts(args.from_log), True
+    else:
+        cuts, passed = run_lane()
+    seconds = None if args.from_log else time.monotonic() - started
     print_results(console, [("RDMA through a path cut", COLUMNS, rows(cuts))], [])
     if not cuts:
         sys.exit(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +47,16 @@ def lane_modules() -> tuple[str, ...]:
             "(THORN_KERNEL_LANE=1 outside the lane's guest? run tests/kernel/lane.py)"
         )
     return LANE_MODULES
+
+
+@pytest.fixture(scope="session")
+def lane_log(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Write a line to the lane's log past pytest's output capture (a benchmark reads the
+    measurement lines of a default run, which is not `-s`)."""
+    terminal = request.config.pluginmanager.getplugin("terminalreporter")
+    if terminal is None:
+        return print
+    return lambda line: terminal.write_line(line)
 
 
 @pytest.fixture

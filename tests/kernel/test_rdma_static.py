@@ -11,7 +11,7 @@ moved VFs keep ifindexes this lab's would take).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from baselines import Static
@@ -44,22 +44,22 @@ def static_lab() -> Iterator[tuple[Lab, RdmaEnds]]:
         build.down(STATIC_PREFIX)
 
 
-def _without_thorn(lab: Lab, ends: RdmaEnds, fault: str) -> Cut:
+def _without_thorn(lab: Lab, ends: RdmaEnds, fault: str, say: Callable[[str], None]) -> Cut:
     inject = {"carrier": lambda end: faults.carrier_loss(lab, end),
               "drop": lambda end: faults.silent_drop(lab, end)}[fault]  # fmt: skip
     try:
         cut = cut_mid_transfer(lab, ends, inject, names=(ends.a.ip, ends.b.ip))
     finally:
         faults.restore(lab)
-    report("static path", fault, cut)
+    report("static path", fault, cut, say)
     return cut
 
 
 @pytest.mark.parametrize("fault", ["carrier", "drop"])
 def test_without_thorn_the_same_cut_on_a_static_path_fails_the_transfer(
-    static_lab: tuple[Lab, RdmaEnds], fault: str
+    static_lab: tuple[Lab, RdmaEnds], fault: str, lane_log: Callable[[str], None]
 ) -> None:
-    cut = _without_thorn(*static_lab, fault)
+    cut = _without_thorn(*static_lab, fault, lane_log)
     result = cut.result
     assert not result.ok, describe(cut)
     # Either the retries ran out (what an NCCL job sees as a fatal error), or the transfer

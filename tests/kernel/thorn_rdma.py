@@ -240,7 +240,7 @@ def describe(cut: Cut) -> str:
     )
 
 
-def report(system: str, fault: str, cut: Cut) -> None:
+def report(system: str, fault: str, cut: Cut, say: Callable[[str], None] = print) -> None:
     """The cut as one marked JSON line of output (`tests/bench/bench_roce.py` collects them
     into docs/benchmarks.md) and one line for people."""
     r = cut.result
@@ -258,7 +258,8 @@ def report(system: str, fault: str, cut: Cut) -> None:
         "before_mb_s": before.mb_s, "during_mb_s": during.mb_s,
         "during_ms": round(during.end_ms - during.start_ms, 1), "after_mb_s": after.mb_s,
     }  # fmt: skip
-    print(MARKER + json.dumps(line))
-    print(f"{system}, {fault}: {describe(cut)}")
-    print(f"  {cut.load}")
-    print("  " + "\n  ".join(cut.probe_log.splitlines()))
+    say(MARKER + json.dumps(line))
+    say(f"{system}, {fault}: {describe(cut)}")
+    say(f"  {cut.load}")
+    for stage in cut.probe_log.splitlines():
+        say(f"  {stage}")
