@@ -85,15 +85,18 @@ def markdown(cuts: list[dict[str, Any]], seconds: float | None) -> str:
         + (f"{seconds:.0f} s). " if seconds is not None else "from a `make test` lane log). ")
         + "Debian's 6.1 kernel "
         "under qemu (TCG, 2 vCPUs), so absolute rates are the emulator's, not a NIC's. "
-        "`thorn-run` runs in the guest on `leaf_spine(2, 2, 1)` (BFD 30 ms x 3; flower on the "
-        "hosts); `thornctl rdma probe` streams 6,000 RDMA WRITEs of 1 KiB, 16 in flight, over one "
+        "`thorn-run` runs in the guest on `leaf_spine(2, 2, 1)` (BFD 30 ms x 3 toward the peer "
+        "TEPs; flower on the hosts); `thornctl rdma probe` streams 6,000 RDMA WRITEs of 1 KiB, "
+        "16 in flight, over one "
         f"RC QP with timeout 14 and retry 7 (the QP fails after {budget:.0f} ms without an "
         "acknowledgement) from host1 to host2. Mid-transfer the leaf1 uplink carrying it is "
         "cut; the static path is the same lab with one route per destination and nothing "
         "reacting. Cut's stall: from the last completion before the cut to the first after "
         "it (the transfer moved or the retries ran out); longest stall: the longest wait "
         "between two completions in the whole run. During: from the cut to the end of its "
-        "stall.",
+        "stall. rxe on 6.1 retransmits without end instead of failing the QP after its 7 "
+        "retries, so the static path shows a transfer stuck at the probe's 60 s deadline where "
+        "a NIC would report IBV_WC_RETRY_EXC_ERR after 537 ms.",
         "",
         *markdown_table(COLUMNS, rows(cuts)),
         MARK_END,
