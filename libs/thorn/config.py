@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         64 * MiB, ge=1 * KiB, description="limit for fabric imports and containerlab files"
     )
     node_name: str | None = Field(None, description="the node a programmer agent runs on")
+    upstreams: str = Field(
+        "",
+        description="entry point: the services behind it, as name=URL pairs, comma-separated "
+        "(topology=http://127.0.0.1:8081,health=...)",
+    )
     lab: str | None = Field(
         None, description="programmer: run an agent for every node of this fabric lab (prefix)"
     )
@@ -137,6 +142,17 @@ class Settings(BaseSettings):
     @property
     def db_url(self) -> str:
         return self.database_url or sqlite_url(self.data_dir.resolve())
+
+    @property
+    def upstream_urls(self) -> dict[str, str]:
+        """THORN_UPSTREAMS as service name -> base URL; ValueError naming the variable."""
+        out: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in self.upstreams.split(","))):
+            name, sep, url = pair.partition("=")
+            if not sep or not name.strip() or not url.strip().startswith(("http://", "https://")):
+                raise ValueError(f"THORN_UPSTREAMS: expected name=http://host:port, got '{pair}'")
+            out[name.strip()] = url.strip().rstrip("/")
+        return out
 
     @property
     def host_port(self) -> tuple[str, int]:

@@ -253,7 +253,7 @@ def write_run_file(path: Path, children: list[Child], nats: EmbeddedNats, lab: s
     """What is running where, as JSON (written whole, then renamed: never seen half)."""
     run = {
         "pid": os.getpid(),
-        "api": children[0].url,
+        "api": next((c.url for c in children if c.name == "gateway"), children[0].url),
         "nats": nats.url,
         "lab": lab,
         "services": {c.name: {"url": c.url, "log": str(c.log)} for c in children},
@@ -313,13 +313,19 @@ def main() -> None:
             "THORN_DATA_DIR": str(data_dir),
             "THORN_LOG_FORMAT": "json",
         }
-        # The API keeps the well-known port; the other services' HTTP (metrics) take free ones.
-        ports = {"topology": settings.host_port[1], "health": free_port(), "pathcomp": free_port()}
-        for name, port in ports.items():
+        # The services take free ports; the entry point (thorn-gateway) keeps the well-known
+        # one and serves every service's API there.
+        for name in ("topology", "health", "pathcomp"):
             with console.status(f"starting {name}"):
-                child = _spawn(name, port, env, logs)
+                child = _spawn(name, free_port(), env, logs)
                 children.append(child)
                 _wait_ready(child, time.monotonic() + settings.start_timeout_s)
+        upstreams = ",".join(f"{c.name}={c.url}" for c in children)
+        with console.status("starting the entry point"):
+            gateway = _spawn("gateway", settings.host_port[1],
+                             {**env, "THORN_UPSTREAMS": upstreams}, logs)  # fmt: skip
+            children.append(gateway)
+            _wait_ready(gateway, time.monotonic() + settings.start_timeout_s)
         with console.status("loading the fabric"):
             summary = _seed(children[0].url, token)
         lab_note = "not built: THORN_EMULATED_FABRIC=0"
@@ -463,7 +469,8 @@ def _report(
     bfd: str | None,
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
-    table.add_row("API and OpenAPI", f"{children[0].url}/api/v1  ({children[0].url}/docs)")
+    entry = next(c for c in children if c.name == "gateway")
+    table.add_row("API (every service)", f"{entry.url}/api/v1  (OpenAPI: {entry.url}/openapi.json)")
     per_node = [c for c in children if "@" in c.name]
     for child in children:
         if "@" not in child.name:

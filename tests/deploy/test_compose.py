@@ -32,6 +32,9 @@ import pytest
 import yaml
 from jsonschema import Draft7Validator
 
+from thorn.config import Settings
+from thorn_gateway.routes import RouteTable
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 SCHEMA_FILE = ROOT / "tests" / "data" / "compose-spec.schema.json"
@@ -529,10 +532,24 @@ def test_every_thorn_service_is_health_checked_on_its_listen_port(
     assert f"http://127.0.0.1:{port}/healthz" in " ".join(probe)
 
 
-def test_topology_publishes_its_api_on_8080(services: dict[str, dict[str, Any]]) -> None:
-    topology = services["topology"]
-    assert listen_port(environment_of(topology)["THORN_LISTEN"]) == 8080
-    assert any(str(port).endswith(":8080") for port in topology["ports"])
+def test_the_entry_point_alone_publishes_the_api_on_8080(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    gateway = services["gateway"]
+    assert container_command(gateway) == ["thorn-gateway"]
+    assert listen_port(environment_of(gateway)["THORN_LISTEN"]) == 8080
+    assert any(str(port).endswith(":8080") for port in gateway["ports"])
+    for name in CONTROLLER_SERVICES:
+        assert "ports" not in services[name], f"{name} publishes a port beside the entry point"
+
+
+def test_the_entry_point_reaches_every_service_of_its_route_table(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    upstreams = Settings(upstreams=environment_of(services["gateway"])["THORN_UPSTREAMS"])
+    for name in RouteTable.load().services:
+        port = listen_port(environment_of(services[name])["THORN_LISTEN"])
+        assert upstreams.upstream_urls.get(name) == f"http://{name}:{port}", name
 
 
 def test_programmer_agent_programs_the_host_datapath(interpolated: dict[str, Any]) -> None:

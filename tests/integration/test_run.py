@@ -73,9 +73,9 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
             f"http://127.0.0.1:{port}/api/v1/fabric/summary", token, time.monotonic() + START
         ).json()
         assert (summary["switches"], summary["hosts"]) == (6, 16)
-        # nats-server, topology, health, pathcomp; as root also the programmer, which starts
-        # once the emulated fabric (a lab of namespaces) is built.
-        expected = 5 if os.geteuid() == 0 else 4
+        # nats-server, topology, health, pathcomp, the entry point; as root also the
+        # programmer, which starts once the emulated fabric (a lab of namespaces) is built.
+        expected = 6 if os.geteuid() == 0 else 5
         while len(services := children_of(run.pid)) < expected and time.monotonic() < deadline:
             time.sleep(0.2)
         assert len(services) >= expected
@@ -87,7 +87,14 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
         running = json.loads(run_file.read_text())
         assert running["api"] == f"http://127.0.0.1:{port}"
         assert running["nats"].startswith("nats://127.0.0.1:")
-        assert {"topology", "health", "pathcomp"} <= running["services"].keys()
+        assert {"topology", "health", "pathcomp", "gateway"} <= running["services"].keys()
+        # One URL: every service's API answers on the well-known port.
+        for path in ("/api/v1/plan", "/api/v1/health/links", "/api/v1/nodes"):
+            answer = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10,
+                               headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+            assert answer.status_code == 200, (path, answer.text)
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json()
+        assert {"topology", "health", "pathcomp"} <= health["services"].keys()
         assert running["lab"] == (lab if os.geteuid() == 0 else None)
         run.send_signal(signal.SIGINT)
         output, _ = run.communicate(timeout=STOP)
@@ -233,9 +240,9 @@ def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_pat
         wait_for(f"http://127.0.0.1:{port}/api/v1/fabric/summary", token, time.monotonic() + START)
         assert healthy(port)
         deadline = time.monotonic() + START
-        while len(roles := child_roles(run.pid)) < 4 and time.monotonic() < deadline:
+        while len(roles := child_roles(run.pid)) < 5 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert set(roles) == {"nats-server", "topology", "health", "pathcomp"}, roles
+        assert set(roles) == {"nats-server", "topology", "health", "pathcomp", "gateway"}, roles
         seen |= set(roles.values())
 
         # health and pathcomp die hard: each comes back on its own port; topology is untouched.
@@ -284,7 +291,7 @@ def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_pat
         print(f"tenant event in the stream {time.monotonic() - killed_at:.2f} s after kill -9")
         assert (now_first, now_messages) == (first_seq, messages + 1)  # the old events survived
         roles = child_roles(run.pid)
-        assert set(roles) == {"nats-server", "topology", "health", "pathcomp"}
+        assert set(roles) == {"nats-server", "topology", "health", "pathcomp", "gateway"}
 
         run.send_signal(signal.SIGINT)
         output, _ = run.communicate(timeout=STOP)

@@ -18,8 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,10 +27,9 @@ from typing import Any
 import httpx
 import pytest
 import structlog
-import uvicorn
 import yaml
-from fastapi import FastAPI
 from rc_tenants import fabric_of_two_tenants
+from serving import SHUTDOWN, STARTUP, serving
 from standin_agents import StandInAgents
 from typer.testing import CliRunner, Result
 
@@ -49,14 +47,11 @@ from thorn.events import (
     utcnow,
 )
 from thorn.observed import HeardNeighbour, NodeObservation, ObservedPort
-from thorn.store import Store
 from thorn_health.app import create_app as health_app
 from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app
 
 ADMIN = "thn_thornctl-test-admin"
-STARTUP = 30.0  # seconds for the server to answer /healthz
-SHUTDOWN = 15.0
 THORNCTL = Path(sys.executable).with_name("thornctl")
 
 # The fabric every test starts from: two switches, one host, two links.
@@ -109,66 +104,6 @@ CLAB_WITH_BRIDGE = (
 
 
 # --- the server ------------------------------------------------------------------------------
-
-
-@contextmanager
-def serving(
-    name: str, make_app: Callable[[Store, Bus], FastAPI], db: Path, nats_url: str
-) -> Iterator[str]:
-    """A real THORN app under uvicorn, in a thread with its own event loop, on the SQLite
-    store `db` and the NATS at `nats_url`; yields its URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))  # bound before the thread starts: no port race
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    servers: list[uvicorn.Server] = []
-    errors: list[BaseException] = []
-
-    async def serve() -> None:
-        store = await Store.open(f"sqlite:///{db}")
-        try:
-            bus = await Bus.connect(nats_url, name=f"thornctl-test-{name}")
-            try:
-                await bus.ensure_streams()
-                config = uvicorn.Config(
-                    make_app(store, bus), log_level="warning", log_config=None, lifespan="on"
-                )
-                server = uvicorn.Server(config)
-                servers.append(server)
-                await server.serve(sockets=[sock])
-            finally:
-                await bus.close()
-        finally:
-            await store.close()
-
-    def run() -> None:
-        try:
-            asyncio.run(serve())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name=f"thorn-{name}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP
-    while True:
-        assert not errors, f"the {name} service failed to start: {errors[0]!r}"
-        assert thread.is_alive(), f"the {name} service thread exited during startup"
-        try:
-            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, f"/healthz did not answer within {STARTUP} s"
-        time.sleep(0.05)
-    try:
-        yield url
-    finally:
-        for server in servers:
-            server.should_exit = True
-        thread.join(SHUTDOWN)
-        sock.close()
-        assert not thread.is_alive(), f"the {name} service did not stop within {SHUTDOWN} s"
-        assert not errors, f"the {name} service failed: {errors[0]!r}"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,23 @@
+"""`thorn-gateway`: the entry point, one URL for every service (THORN_UPSTREAMS)."""
+
+from __future__ import annotations
+
+import sys
+
+from thorn.config import Settings
+from thorn.service import serve, start_logging
+from thorn_gateway.app import create_app
+
+
+def main() -> None:
+    settings = Settings()
+    start_logging(settings)
+    try:
+        settings.upstream_urls  # noqa: B018 - a misconfiguration stops the start, named
+    except ValueError as exc:
+        sys.exit(f"thorn-gateway: {exc}")
+    serve(create_app(settings), settings)
+
+
+if __name__ == "__main__":
+    main()

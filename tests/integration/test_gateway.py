@@ -1,0 +1,127 @@
+"""The entry point: one URL in front of the real topology, health and pathcomp services (each
+under uvicorn, on one SQLite store and a real nats-server)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from serving import STARTUP, serving
+
+from thorn.config import Settings
+from thorn.natsd import free_port
+from thorn_gateway.app import CONNECT_TIMEOUT_S
+from thorn_gateway.app import create_app as gateway_app
+from thorn_health.app import create_app as health_app
+from thorn_pathcomp.app import create_app as pathcomp_app
+from thorn_topology.app import create_app as topology_app
+
+ADMIN = "thn_gateway-test-admin"
+AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
+FABRIC = {"spines": 2, "leaves": 2, "hosts_per_leaf": 1}
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[dict[str, str]]:
+    data = tmp_path_factory.mktemp("gateway")
+    settings = Settings(admin_token=ADMIN, data_dir=data)
+    db = data / "thorn.db"
+    with (
+        serving("topology", lambda s, b: topology_app(settings, store=s, bus=b), db,
+                nats_url) as topology,
+        serving("health", lambda s, b: health_app(settings, store=s, bus=b), db,
+                nats_url) as health,
+        serving("pathcomp", lambda s, b: pathcomp_app(settings, store=s, bus=b), db,
+                nats_url) as pathcomp,
+    ):  # fmt: skip
+        yield {"topology": topology, "health": health, "pathcomp": pathcomp}
+
+
+def _gateway(services: dict[str, str], db: Path, nats_url: str) -> Iterator[str]:
+    upstreams = ",".join(f"{name}={url}" for name, url in services.items())
+    settings = Settings(upstreams=upstreams)
+    # Up once it answers /healthz at all: with a service down it answers 503.
+    with serving("gateway", lambda _s, _b: gateway_app(settings), db, nats_url,
+                 ready=lambda _status: True) as url:  # fmt: skip
+        yield url
+
+
+@pytest.fixture(scope="module")
+def one_url(
+    services: dict[str, str], tmp_path_factory: pytest.TempPathFactory, nats_url: str
+) -> Iterator[str]:
+    db = tmp_path_factory.mktemp("gateway-own") / "unused.db"
+    yield from _gateway(services, db, nats_url)
+
+
+def test_every_service_s_api_answers_on_the_one_url(one_url: str) -> None:
+    generated = httpx.post(f"{one_url}/api/v1/fabric/generate/leaf-spine", json=FABRIC,
+                           headers=AS_ADMIN, timeout=30)  # fmt: skip
+    assert generated.status_code == 200, generated.text
+    summary = httpx.get(f"{one_url}/api/v1/fabric/summary", headers=AS_ADMIN).json()
+    assert (summary["switches"], summary["hosts"]) == (4, 2)
+    deadline = time.monotonic() + STARTUP  # pathcomp plans the new fabric
+    while (plan := httpx.get(f"{one_url}/api/v1/plan", headers=AS_ADMIN)).status_code != 200 or \
+            plan.json()["topology_revision"] != summary["revision"]:  # fmt: skip
+        assert time.monotonic() < deadline, plan.text
+        time.sleep(0.1)
+    pair = {"src": "host1", "dst": "host2"}
+    paths = httpx.get(f"{one_url}/api/v1/paths", params=pair, headers=AS_ADMIN)
+    assert paths.status_code == 200, paths.text
+    links = httpx.get(f"{one_url}/api/v1/health/links", headers=AS_ADMIN)
+    assert links.status_code == 200 and "items" in links.json()
+
+
+def test_each_service_still_checks_the_token_itself(one_url: str) -> None:
+    for path in ("/api/v1/fabric/summary", "/api/v1/paths", "/api/v1/health/links"):
+        answer = httpx.get(f"{one_url}{path}")
+        assert answer.status_code == 401, (path, answer.text)
+        bad = httpx.get(f"{one_url}{path}", headers={"Authorization": "Bearer thn_wrong"})
+        assert bad.status_code == 401, (path, bad.text)
+
+
+def test_queries_and_bodies_pass_through_unchanged(one_url: str) -> None:
+    refused = httpx.post(f"{one_url}/api/v1/fabric/generate/leaf-spine",
+                         json={**FABRIC, "spines": -1}, headers=AS_ADMIN)  # fmt: skip
+    assert refused.status_code == 422 and "spines" in refused.text
+    page = httpx.get(f"{one_url}/api/v1/nodes", params={"limit": "1"}, headers=AS_ADMIN).json()
+    assert page["limit"] == 1 and len(page["items"]) == 1
+
+
+def test_a_path_no_service_declares_is_a_404_naming_it(one_url: str) -> None:
+    answer = httpx.get(f"{one_url}/api/v1/nothing-here", headers=AS_ADMIN)
+    assert answer.status_code == 404
+    assert "/api/v1/nothing-here" in answer.json()["detail"]
+
+
+def test_the_merged_openapi_document_has_every_service_s_paths(one_url: str) -> None:
+    paths = httpx.get(f"{one_url}/openapi.json").json()["paths"]
+    for path in ("/api/v1/fabric/summary", "/api/v1/plan", "/api/v1/health/links"):
+        assert path in paths
+
+
+def test_healthz_reports_each_service(one_url: str, services: dict[str, str]) -> None:
+    body = httpx.get(f"{one_url}/healthz").json()
+    assert body["status"] == "ok"
+    assert {n: s["status"] for n, s in body["services"].items()} == dict.fromkeys(services, "ok")
+
+
+def test_a_service_down_is_a_prompt_503_naming_it(
+    services: dict[str, str], tmp_path_factory: pytest.TempPathFactory, nats_url: str
+) -> None:
+    down = {**services, "health": f"http://127.0.0.1:{free_port()}"}  # nothing listens
+    db = tmp_path_factory.mktemp("gateway-down") / "unused.db"
+    for url in _gateway(down, db, nats_url):
+        started = time.monotonic()
+        answer = httpx.get(f"{url}/api/v1/health/links", headers=AS_ADMIN, timeout=30)
+        assert answer.status_code == 503 and "health" in answer.json()["detail"]
+        assert time.monotonic() - started < CONNECT_TIMEOUT_S + 5
+        health = httpx.get(f"{url}/healthz", timeout=30)
+        assert health.status_code == 503
+        assert health.json()["services"]["health"]["status"] == "unreachable"
+        assert health.json()["services"]["topology"]["status"] == "ok"
+        # The others still answer.
+        assert httpx.get(f"{url}/api/v1/fabric/summary", headers=AS_ADMIN).status_code == 200
