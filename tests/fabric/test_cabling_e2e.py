@@ -154,9 +154,11 @@ async def test_swapped_cables_are_reported_miscabled_avoided_by_paths_then_fixed
         assert ("spine1", "wrong_mac", "swp1") in {
             (m["node"], m["kind"], m["subject"]) for m in wrong["mismatches"]}  # fmt: skip
         assert body["out_of_service"] == 2
-        await system.until(lambda: both <= set(system.plan.graph.excluded), WAIT,
-                           "pathcomp leaves both links out")  # fmt: skip
-        assert system.plan.graph.excluded[to_leaf1].startswith("link is miscabled")
+        # Left out as miscabled: the swap's own carrier flaps may first have them out of
+        # service (health's up hold), a reason that stands aside once the hold is over.
+        await system.until(lambda: all(system.plan.graph.excluded.get(i, "")
+                                       .startswith("link is miscabled") for i in both), WAIT,
+                           "pathcomp leaves both links out as miscabled")  # fmt: skip
         for src, dst in (("host1", "host3"), ("host2", "host4")):
             pair = system.plan.pair(src, dst)
             assert pair.red is not None and pair.blue is not None

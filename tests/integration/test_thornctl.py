@@ -106,6 +106,15 @@ CLAB_WITH_BRIDGE = (
 # --- the server ------------------------------------------------------------------------------
 
 
+@pytest.fixture(autouse=True)
+def server_logs_to_stderr() -> Iterator[None]:
+    """The in-process servers log while a command runs (a stalled loop, say): to the real
+    stderr, never into the CliRunner's captured stdout, which a test parses as JSON."""
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.__stderr__))
+    yield
+    structlog.reset_defaults()
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("thornctl")
