@@ -48,9 +48,16 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     )
 
 
-def instrument(app: FastAPI, service: str, problems: Callable[[], list[str]] | None = None) -> None:
-    """Count and time every request by route template; serve /metrics and /healthz.
-    `problems`: what is wrong with this process now; any makes /healthz answer 503."""
+def instrument(
+    app: FastAPI,
+    service: str,
+    problems: Callable[[], list[str]] | None = None,
+    *,
+    healthz: bool = True,
+) -> None:
+    """Count and time every request by route template; serve /metrics and (unless the app
+    serves its own, `healthz=False`) /healthz. `problems`: what is wrong with this process
+    now; any makes /healthz answer 503."""
 
     @app.middleware("http")
     async def _measure(
@@ -70,8 +77,11 @@ def instrument(app: FastAPI, service: str, problems: Callable[[], list[str]] | N
         # which must not hold the event loop.
         return Response(await asyncio.to_thread(generate_latest), media_type=CONTENT_TYPE_LATEST)
 
+    if not healthz:
+        return
+
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> Response:
+    async def own_healthz() -> Response:
         found = problems() if problems is not None else []
         if found:
             body = {"status": "unhealthy", "service": service, "problems": found}

@@ -1,4 +1,4 @@
-"""The entry point: one URL for every service's API, the merged OpenAPI document and /docs.
+"""The entry point: one URL for every service's API, and the merged OpenAPI document.
 
 A thin shell around `RouteTable` (routes.py): a request under /api/ goes, unchanged, to the
 service whose OpenAPI document declares its path, and the answer comes back as it is
@@ -50,17 +50,16 @@ def create_app(
     settings: Settings,
     *,
     table: RouteTable | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
 ) -> FastAPI:
     """The entry point for the services in THORN_UPSTREAMS, routed by `table` (default: the
-    generated routes.json). `transport` replaces the network in tests."""
+    generated routes.json)."""
     routes = table or RouteTable.load()
     upstreams = settings.upstream_urls
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-        async with httpx.AsyncClient(timeout=timeout, transport=transport) as client:
+        async with httpx.AsyncClient(timeout=timeout) as client:
             app.state.client = client
             log.info("gateway_ready", upstreams=upstreams, unrouted=[
                 s for s in routes.services if s not in upstreams])  # fmt: skip
@@ -79,6 +78,8 @@ def create_app(
             body = answer.json()
         except ValueError:
             body = {}
+        if not isinstance(body, dict):
+            body = {}
         status = body.get("status", "ok" if answer.is_success else "unhealthy")
         return {"status": status, "url": url, **({"problems": body["problems"]}
                                                   if "problems" in body else {})}  # fmt: skip
@@ -88,9 +89,7 @@ def create_app(
 
     # Each service limits its own bodies; this only bounds what the entry point holds.
     app.add_middleware(BodyLimit, default=settings.max_import_bytes, large={})
-    instrument(app, "gateway", problems)
-    # instrument's own /healthz covers this process; the entry point's adds every service.
-    app.router.routes = [r for r in app.router.routes if getattr(r, "path", None) != "/healthz"]
+    instrument(app, "gateway", healthz=False)  # its /healthz reports every service too
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
