@@ -3,15 +3,19 @@ under uvicorn, on one SQLite store and a real nats-server)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 from serving import STARTUP, serving
 
+from thorn.bus import Bus
 from thorn.config import Settings
+from thorn.events import PathsChanged
 from thorn.natsd import free_port
 from thorn_gateway.app import CONNECT_TIMEOUT_S
 from thorn_gateway.app import create_app as gateway_app
@@ -125,3 +129,41 @@ def test_a_service_down_is_a_prompt_503_naming_it(
         assert health.json()["services"]["topology"]["status"] == "ok"
         # The others still answer.
         assert httpx.get(f"{url}/api/v1/fabric/summary", headers=AS_ADMIN).status_code == 200
+
+
+def test_server_sent_events_pass_through_as_they_happen(one_url: str, nats_url: str) -> None:
+    """An event on the bus reaches a client of the one URL while the stream stays open:
+    nothing between the bus and the client buffers it."""
+
+    async def publish_and_read() -> tuple[list[str], float]:
+        lines: list[str] = []
+        async with (
+            httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as client,
+            client.stream("GET", f"{one_url}/api/v1/events", params={"kind": "paths"},
+                          headers={**AS_ADMIN, "Accept": "text/event-stream"}) as stream,
+            await Bus.connect(nats_url, name="test-sse") as bus,
+        ):  # fmt: skip
+            assert stream.status_code == 200
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            reader = stream.aiter_lines()
+            assert (await anext(reader)).startswith(":")  # open before any event
+            sent = time.monotonic()
+            await bus.publish(
+                PathsChanged(revision=4242, topology_revision=1, at=datetime.now(UTC))
+            )
+            async with asyncio.timeout(5):
+                async for line in reader:
+                    lines.append(line)
+                    if line.startswith("data:"):
+                        return lines, time.monotonic() - sent
+        return lines, -1.0
+
+    lines, seconds = asyncio.run(publish_and_read())
+    assert lines[-2:] == ["event: paths", lines[-1]] and "4242" in lines[-1], lines
+    assert 0 <= seconds < 1.0, f"the event took {seconds:.3f} s"
+
+
+def test_an_unknown_event_kind_is_refused_naming_it(one_url: str) -> None:
+    answer = httpx.get(f"{one_url}/api/v1/events", params={"kind": "gossip"}, headers=AS_ADMIN)
+    assert answer.status_code == 422 and "gossip" in answer.json()["detail"]
+    assert httpx.get(f"{one_url}/api/v1/events").status_code == 401

@@ -201,6 +201,38 @@ async def test_bad_queries_get_clear_errors(fabric_store: Store, bus: Bus, tmp_p
             assert response.status_code == 200 and response.json()["kind"] == "full"
 
 
+async def test_a_what_if_answers_what_a_failure_would_do_and_changes_nothing(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        kv = await bus.desired_state()
+        written = {n: (await kv.get(n)) for n in await kv.nodes()}
+        async with client(app, VIEWER) as viewer:
+            before = (await viewer.get("/api/v1/plan")).json()
+            answer = await viewer.get("/api/v1/plan/what-if", params={"node": "leaf1"})
+            assert answer.status_code == 200, answer.text
+            body = answer.json()
+            # leaf1's four links: two to the spines, one to each host.
+            assert body["nodes"] == ["leaf1"] and len(body["links"]) == 4
+            # Two hosts dual-homed to two leaves: red goes over leaf1, so both pairs flip.
+            assert (body["flip"], body["lose_protection"], body["cut"]) == (2, 0, 0)
+            assert body["after"] == {"degraded": 2}  # single-homed to leaf2 from then on
+            assert {(e["src"], e["dst"]) for e in body["examples"]} == {
+                ("host1", "host2"), ("host2", "host1")}  # fmt: skip
+            unknown = await viewer.get("/api/v1/plan/what-if", params={"node": "spine9"})
+            assert unknown.status_code == 404 and "node 'spine9'" in unknown.json()["detail"]
+            assert unknown.json()["errors"][0]["loc"] == ["query", "node"]
+            bad = await viewer.get("/api/v1/plan/what-if", params={"link": 4242})
+            assert bad.status_code == 404 and "link '4242'" in bad.json()["detail"]
+            empty = await viewer.get("/api/v1/plan/what-if")
+            assert empty.status_code == 422 and "at least one" in empty.json()["detail"]
+            assert (await viewer.get("/api/v1/plan")).json() == before
+        assert {n: (await kv.get(n)) for n in await kv.nodes()} == written
+        async with client(app, None) as anonymous:
+            assert (await anonymous.get("/api/v1/plan/what-if?node=leaf1")).status_code == 401
+
+
 async def test_another_replica_takes_over_writing_when_the_leader_goes(
     fabric_store: Store, bus: Bus, tmp_path: Path
 ) -> None:

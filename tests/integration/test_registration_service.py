@@ -28,6 +28,7 @@ from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.events import (
     AgentRegistration,
+    DatapathApplied,
     LinkHealthChanged,
     RegistrationReply,
     agent_register_subject,
@@ -79,6 +80,24 @@ async def register(
 
 
 # --- registration and observed beside declared -------------------------------------------------
+
+
+async def test_the_node_view_shows_the_agents_last_reconcile(topology: Topology) -> None:
+    view = await topology.get("/nodes/leaf1/observed")
+    assert view["applied"] is None  # nothing heard yet
+    for revision, errors in ((3, []), (4, ["route 10.0.0.0/24: File exists"])):
+        await topology.bus.publish(DatapathApplied(
+            node="leaf1", driver="netlink", key_revision=revision * 10, plan_revision=revision,
+            changes=2, errors=errors, seconds=0.01, at=utcnow()))  # fmt: skip
+    deadline = time.monotonic() + WAIT
+    while (applied := (await topology.get("/nodes/leaf1/observed"))["applied"]) is None or \
+            applied["plan_revision"] != 4:  # fmt: skip
+        assert time.monotonic() < deadline, applied
+        await asyncio.sleep(0.02)
+    assert applied["driver"] == "netlink" and applied["errors"] == [
+        "route 10.0.0.0/24: File exists"
+    ]
+    assert (await topology.get("/nodes/leaf2/observed"))["applied"] is None
 
 
 async def test_a_registration_is_stored_and_shown_beside_the_declared_node(

@@ -18,6 +18,8 @@ from thorn.telemetry import instrument
 from thorn.watchdog import LoopWatchdog
 from thorn.web import BodyLimit, install_error_handlers
 from thorn_topology.api import router
+from thorn_topology.applied import AppliedReports
+from thorn_topology.events_api import router as events_router
 from thorn_topology.observed_api import router as observed_router
 from thorn_topology.registrations import Registrations
 from thorn_topology.service import TopologyService
@@ -60,10 +62,14 @@ def create_app(
             service.start()
             stack.push_async_callback(service.stop)
             app.state.topology = service
+            app.state.bus = the_bus
             registrations = Registrations(service, stale_after=3 * settings.register_seconds)
             subscription = await registrations.start(the_bus.nc)
             stack.push_async_callback(subscription.unsubscribe)
             app.state.registrations = registrations
+            applied = AppliedReports()
+            stack.push_async_callback((await applied.start(the_bus.nc)).unsubscribe)
+            app.state.applied = applied
             app.state.token_lookup = the_store.token_by_hash
             log.info(
                 "topology_ready", database=the_store.dialect, revision=await the_store.revision()
@@ -80,6 +86,7 @@ def create_app(
     instrument(app, "topology")
     app.include_router(router)
     app.include_router(observed_router)
+    app.include_router(events_router)
     app.add_middleware(
         BodyLimit,
         default=settings.max_body_bytes,

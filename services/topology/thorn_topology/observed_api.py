@@ -9,14 +9,24 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from thorn.auth import Viewer
+from thorn.events import DatapathApplied
 from thorn.fabric import Fabric, NotFound
 from thorn.model import NodeSpec, PortSpec
 from thorn.observed import NodeObservation
 from thorn.registration import CablingState, CablingVerdict, Mismatch, cabling, mismatches
 from thorn.web import ERROR_RESPONSES
+from thorn_topology.applied import AppliedReports
 from thorn_topology.registrations import NodeRegistration, Registrations, node_mismatches
 
 router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES, tags=["observed"])
+
+
+def get_applied(request: Request) -> AppliedReports:
+    applied: AppliedReports = request.app.state.applied
+    return applied
+
+
+AppliedDep = Annotated[AppliedReports, Depends(get_applied)]
 
 
 def get_registrations(request: Request) -> Registrations:
@@ -52,6 +62,11 @@ class NodeObserved(_Out):
         None, description="the latest registration, refused (the one shown is the last good)"
     )
     mismatches: list[Mismatch]
+    applied: DatapathApplied | None = Field(
+        None,
+        description="the agent's last reconcile as this replica heard it (driver, "
+        "revisions, changes, errors, offload); null: none heard since it started",
+    )
 
 
 class MismatchReport(_Out):
@@ -88,7 +103,7 @@ def _declared(fabric: Fabric, name: str) -> NodeSpec:
 
 @router.get("/nodes/{name}/observed", response_model=NodeObserved)
 async def node_observed(
-    _: Viewer, registrations: RegistrationsDep,
+    _: Viewer, registrations: RegistrationsDep, applied: AppliedDep,
     name: Annotated[str, Path(description="node name")],
 ) -> NodeObserved:  # fmt: skip
     """The node as declared beside what its agent last registered, and the differences."""
@@ -106,7 +121,7 @@ async def node_observed(
             registered=reg is not None and reg.observed is not None,
             received_at=reg.received_at if reg else None, run=reg.run if reg else None,
             seq=reg.seq if reg else None, observed=reg.observed if reg else None,
-            refused=refused, mismatches=found,
+            refused=refused, mismatches=found, applied=applied.latest.get(name),
         )  # fmt: skip
 
 
