@@ -5,7 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-kernel lint openapi bench bench-failover venv test-deps clean
+.PHONY: run test test-kernel lint openapi bench bench-failover venv test-deps dashboard clean
+
+# The dashboard (Vite + TypeScript), rebuilt when its sources or the API document change.
+DASH := services/gateway/dashboard
+DASH_SOURCES := $(DASH)/package.json $(DASH)/package-lock.json $(DASH)/index.html \
+	$(DASH)/vite.config.ts $(DASH)/tsconfig.json $(wildcard $(DASH)/src/*.ts $(DASH)/src/*.css) \
+	openapi/openapi.json
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,16 +21,25 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(DASH)/dist/index.html: $(DASH_SOURCES)
+	@command -v npm >/dev/null || (apt-get update -qq && apt-get install -y -qq nodejs npm)
+	cd $(DASH) && npm ci --no-audit --no-fund --loglevel=error && npm run build
+	touch $@
+
+## dashboard: build the web dashboard that the entry point serves at /
+dashboard: $(DASH)/dist/index.html
+
 ## run: the embedded controller (SQLite, embedded NATS, all services) on http://127.0.0.1:8080
-run: venv
+run: venv dashboard
 	$(BIN)/thorn-run
 
 ## test-deps: system packages the test lanes need (strace: golden netlink captures of tc;
-## frr: bfdd as the BFD interop peer of the fabric lane)
+## frr: bfdd as the BFD interop peer of the fabric lane; chromium: the browser tests)
 test-deps:
 	@command -v psql >/dev/null || (apt-get update -qq && apt-get install -y -qq postgresql-client)
 	@command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
 	@test -x /usr/lib/frr/bfdd || (apt-get update -qq && apt-get install -y -qq frr)
+	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
 ## lint: ruff and mypy over the whole tree
 lint: venv
@@ -33,9 +48,10 @@ lint: venv
 	$(BIN)/mypy
 
 ## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy, the
-## fabric lane: network namespaces on this kernel, as root, and the kernel lane)
-test: venv test-deps lint
-	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric
+## fabric lane: network namespaces on this kernel, as root, the browser lane: the dashboard
+## in Debian's headless chromium, and the kernel lane)
+test: venv test-deps lint dashboard
+	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric tests/browser
 	$(BIN)/python tests/kernel/lane.py
 
 ## test-kernel: the kernel lane alone: Debian's kernel under qemu (TCG) via virtme-ng, with
@@ -48,7 +64,7 @@ openapi: venv
 	$(BIN)/python openapi/generate.py --write
 
 ## bench: benchmarks; results go to docs/benchmarks.md
-bench: venv
+bench: venv dashboard
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(BIN)/python tests/bench/bench_topology.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_pathcomp.py --write docs/benchmarks.md
@@ -57,6 +73,7 @@ bench: venv
 	$(BIN)/python tests/bench/bench_carrier.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_bfd.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_roce.py --write docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_dashboard.py --write docs/benchmarks.md
 
 ## bench-failover: random single failures on a lab under all-to-all traffic (root), THORN
 ## beside FRR (test-deps installs it) and a static path; the gap distribution goes to

@@ -35,6 +35,11 @@ class Settings(BaseSettings):
         description="entry point: the services behind it, as name=URL pairs, comma-separated "
         "(topology=http://127.0.0.1:8081,health=...)",
     )
+    dashboard_dir: Path | None = Field(
+        None,
+        description="entry point: the built dashboard (index.html, assets/, swagger/); "
+        "default: services/gateway/dashboard/dist beside the gateway package",
+    )
     lab: str | None = Field(
         None, description="programmer: run an agent for every node of this fabric lab (prefix)"
     )

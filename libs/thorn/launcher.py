@@ -470,7 +470,8 @@ def _report(
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     entry = next(c for c in children if c.name == "gateway")
-    table.add_row("API (every service)", f"{entry.url}/api/v1  (OpenAPI: {entry.url}/openapi.json)")
+    table.add_row("dashboard", f"{entry.url}/  (sign in with the admin token below)")
+    table.add_row("API (every service)", f"{entry.url}/api/v1  (Swagger UI: {entry.url}/docs)")
     per_node = [c for c in children if "@" in c.name]
     for child in children:
         if "@" not in child.name:

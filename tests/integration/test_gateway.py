@@ -4,6 +4,7 @@ under uvicorn, on one SQLite store and a real nats-server)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -167,3 +168,29 @@ def test_an_unknown_event_kind_is_refused_naming_it(one_url: str) -> None:
     answer = httpx.get(f"{one_url}/api/v1/events", params={"kind": "gossip"}, headers=AS_ADMIN)
     assert answer.status_code == 422 and "gossip" in answer.json()["detail"]
     assert httpx.get(f"{one_url}/api/v1/events").status_code == 401
+
+
+def test_the_dashboard_and_swagger_ui_are_served_from_local_files(one_url: str) -> None:
+    """`make test` builds the dashboard first; /docs needs no CDN."""
+    page = httpx.get(f"{one_url}/")
+    assert page.status_code == 200, page.text
+    assert "<title>THORN</title>" in page.text
+    script = re.search(r'src="(/assets/[^"]+\.js)"', page.text)
+    assert script is not None, page.text
+    assert httpx.get(f"{one_url}{script.group(1)}").status_code == 200
+    docs = httpx.get(f"{one_url}/docs")
+    assert docs.status_code == 200
+    assets = re.findall(r'(?:src|href)="([^"]+)"', docs.text)
+    assert assets and all(a.startswith("/swagger/") for a in assets), assets
+    for asset in assets:
+        assert httpx.get(f"{one_url}{asset}").status_code == 200, asset
+
+
+async def test_a_missing_dashboard_build_says_how_to_build_it(tmp_path: Path) -> None:
+    app = gateway_app(Settings(upstreams="", dashboard_dir=tmp_path / "no-build"))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        for path in ("/", "/docs"):
+            answer = await client.get(path)
+            assert answer.status_code == 503 and "make dashboard" in answer.json()["detail"]
+        assert (await client.get("/assets/index.js")).status_code == 404

@@ -384,3 +384,21 @@ def test_a_failed_link_is_seen_the_same_by_both_paths() -> None:
     for group in (g for g in graph.groups if g):
         quick = fast.compute_group(graph, group, graph.sources)
         assert quick is None or quick == compute_group(graph, group, graph.sources)
+
+
+@pytest.mark.parametrize("name", GENERATED)
+def test_every_pair_is_counted_once_as_protected_shared_risk_or_unprotected(name: str) -> None:
+    fabric = Fabric.from_document(GENERATED[name])
+    plan = Plan.compute(fabric)
+    counted = {"protected": 0, "shared risk": 0, "unprotected": 0}
+    for pair in pairs(plan):
+        ends = host_links(fabric, pair.src, pair.dst)
+        if pair.red is None or pair.blue is None or set(pair.shared.links) - ends:
+            counted["unprotected"] += 1
+        elif pair.shared:
+            counted["shared risk"] += 1
+        else:
+            counted["protected"] += 1
+    s = plan.summary
+    assert (s.protected_pairs, s.shared_risk_pairs, s.unprotected_pairs) == tuple(counted.values())
+    assert s.protected_pairs + s.shared_risk_pairs + s.unprotected_pairs == s.pairs

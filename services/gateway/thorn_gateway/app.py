@@ -10,6 +10,8 @@ token itself; the entry point only carries the Authorization header along.
   timeout, never a hang.
 - /healthz: the entry point's own health and each service's /healthz; 503 if any is not ok.
 - /openapi.json: the running services' documents, merged (`thorn.openapi.merge`).
+- /: the dashboard, built by `make dashboard` (Vite) into THORN_DASHBOARD_DIR; /docs: Swagger
+  UI from the same build's local copy (no CDN), over /openapi.json.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import structlog
 from fastapi import FastAPI, Request, Response
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
 from starlette.background import BackgroundTask
 
 from thorn.config import Settings
@@ -40,6 +44,17 @@ HEALTH_TIMEOUT_S = 2.0
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
                         "content-length"})  # fmt: skip
+
+
+# Where `make dashboard` builds it in a source checkout (make run's editable install).
+BUILT_DASHBOARD = Path(__file__).resolve().parent.parent / "dashboard" / "dist"
+NOT_BUILT = "the dashboard is not built here: run `make dashboard` (needs Node.js and npm)"
+SWAGGER_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>THORN API</title>
+<link rel="stylesheet" href="/swagger/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div><script src="/swagger/swagger-ui-bundle.js"></script>
+<script>SwaggerUIBundle({url: "/openapi.json", dom_id: "#swagger-ui",
+persistAuthorization: true});</script></body></html>"""
 
 
 def _error(status: int, detail: str) -> JSONResponse:
@@ -151,5 +166,24 @@ def create_app(
         return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
                                  headers=back,
                                  background=BackgroundTask(answer.aclose))  # fmt: skip
+
+    dashboard = settings.dashboard_dir or BUILT_DASHBOARD
+    for sub in ("assets", "swagger"):
+        # Not built: its files are 404s and / says how to build it (make run builds first).
+        if (dashboard / sub).is_dir():
+            app.mount(f"/{sub}", StaticFiles(directory=dashboard / sub), name=sub)
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> Response:
+        page = dashboard / "index.html"
+        if not page.is_file():
+            return _error(503, NOT_BUILT)
+        return FileResponse(page, headers={"Cache-Control": "no-cache"})
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        if not (dashboard / "swagger" / "swagger-ui-bundle.js").is_file():
+            return _error(503, NOT_BUILT)
+        return HTMLResponse(SWAGGER_PAGE)
 
     return app

@@ -70,7 +70,13 @@ class PlanOut(BaseModel):
     hosts: int
     groups: int
     pairs: int
-    unprotected_pairs: int
+    protected_pairs: int = Field(description="pairs whose red and blue share nothing")
+    shared_risk_pairs: int = Field(
+        description="pairs sharing only what no path choice avoids here (a single-homed "
+        "end's host link and switch, a switch, an SRLG)"
+    )
+    unprotected_pairs: int = Field(description="pairs whose colours share a fabric link, or "
+                                   "that have no path")  # fmt: skip
     pairs_sharing_host_links: int
     pairs_sharing_switches: int
     pairs_sharing_srlgs: int
@@ -86,6 +92,7 @@ def _plan_out(service: PathService) -> PlanOut:
         revision=st.revision, topology_revision=st.topology_revision, kind=st.kind,
         compute_seconds=st.compute_seconds, recomputed_groups=st.recomputed_groups,
         published_nodes=st.published_nodes, hosts=s.hosts, groups=s.groups, pairs=s.pairs,
+        protected_pairs=s.protected_pairs, shared_risk_pairs=s.shared_risk_pairs,
         unprotected_pairs=s.unprotected_pairs, pairs_sharing_host_links=s.pairs_sharing_host_links,
         pairs_sharing_switches=s.pairs_sharing_switches, pairs_sharing_srlgs=s.pairs_sharing_srlgs,
         unreachable_pairs=s.unreachable_pairs,

@@ -262,6 +262,10 @@ class PlanSummary:
     pairs_sharing_switches: int = 0
     pairs_sharing_srlgs: int = 0
     unreachable_pairs: int = 0
+    # Every pair is exactly one of: protected (shares nothing), shared risk (shares only what
+    # no path choice avoids here: a single-homed end, a switch, an SRLG), unprotected.
+    protected_pairs: int = 0
+    shared_risk_pairs: int = 0
     stretch: dict[str, ColourStretch] = field(
         default_factory=lambda: {"red": ColourStretch(), "blue": ColourStretch()}
     )
@@ -608,8 +612,14 @@ class Plan:
                     summary.unreachable_pairs += weight
                     summary.unprotected_pairs += weight
                     continue
+                shares = (choice.shared_switches or choice.shared_srlgs or len(src) == 1
+                          or len(dst) == 1 or host_srlgs & {src, dst})  # fmt: skip
                 if choice.shared_edges:
                     summary.unprotected_pairs += weight
+                elif shares:
+                    summary.shared_risk_pairs += weight
+                else:
+                    summary.protected_pairs += weight
                 if len(src) == 1 or len(dst) == 1:
                     summary.pairs_sharing_host_links += weight
                 if choice.shared_switches:
