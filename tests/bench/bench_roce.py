@@ -95,7 +95,8 @@ def markdown(cuts: list[dict[str, Any]], seconds: float | None) -> str:
         "it (the transfer moved or the retries ran out); longest stall: the longest wait "
         "between two completions in the whole run. During: from the cut to the end of its "
         "stall. rxe on 6.1 retransmits without end instead of failing the QP after its 7 "
-        "retries, so the static path shows a transfer stuck at the probe's 60 s deadline where "
+        "retries, so the static path shows a transfer stuck until the probe's deadline (20 s "
+        "for the static path since 2026-12-03, 60 s before) where "
         "a NIC would report IBV_WC_RETRY_EXC_ERR after 537 ms.",
         "",
         *markdown_table(COLUMNS, rows(cuts)),

@@ -30,6 +30,9 @@ from thorn.lab import build, faults
 from thorn.lab.handle import Lab
 
 STATIC_PREFIX = "lanestatic"
+# A static path never recovers: stuck this long is ~40x the QP's retry budget (537 ms), and
+# each cut costs the lane this much rather than THORN's transfers' 60 s allowance.
+STATIC_DEADLINE_S = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,8 @@ def _without_thorn(lab: Lab, ends: RdmaEnds, fault: str, say: Callable[[str], No
     inject = {"carrier": lambda end: faults.carrier_loss(lab, end),
               "drop": lambda end: faults.silent_drop(lab, end)}[fault]  # fmt: skip
     try:
-        cut = cut_mid_transfer(lab, ends, inject, names=(ends.a.ip, ends.b.ip))
+        cut = cut_mid_transfer(lab, ends, inject, names=(ends.a.ip, ends.b.ip),
+                               deadline_s=STATIC_DEADLINE_S)  # fmt: skip
     finally:
         faults.restore(lab)
     report("static path", fault, cut, say)

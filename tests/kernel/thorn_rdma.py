@@ -121,7 +121,9 @@ class Probe:
 
 
 @contextlib.contextmanager
-def probe(src: str, dst: str, api: tuple[str, str] | None = None) -> Iterator[Probe]:
+def probe(
+    src: str, dst: str, api: tuple[str, str] | None = None, deadline_s: float = TRANSFER.deadline_s
+) -> Iterator[Probe]:
     """Start the probe SRC -> DST (names through the API at `api` = (url, token), or IPs)."""
     s = TRANSFER
     args = [THORNCTL, "-o", "json"]
@@ -129,7 +131,7 @@ def probe(src: str, dst: str, api: tuple[str, str] | None = None) -> Iterator[Pr
         args += ["--url", api[0], "--token", api[1]]
     args += ["rdma", "probe", src, dst, "--size", str(s.size), "--count", str(s.count),
              "--window", str(s.window), "--timeout", str(s.timeout), "--retry", str(s.retry),
-             "--deadline", str(s.deadline_s)]  # fmt: skip
+             "--deadline", str(deadline_s)]  # fmt: skip
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield Probe(proc)
@@ -198,13 +200,15 @@ def cut_mid_transfer(
     inject: Callable[[str], object],
     api: tuple[str, str] | None = None,
     names: tuple[str, str] = (SRC, DST),
+    deadline_s: float = TRANSFER.deadline_s,
 ) -> Cut:
     """Run the probe, and once a fifth of it has left vfA, `inject` a failure on the leaf1
-    uplink that carries it (`inject("leaf1:PORT")`); the probe's result and the cut."""
+    uplink that carries it (`inject("leaf1:PORT")`); the probe's result and the cut. The
+    transfer gives up after `deadline_s`."""
     before = uplink_counters(lab, SOURCE_LEAF)
     sent = tx_packets(None, ends.a.dev)
     cpu0, rxe0 = _cpu(), _rxe_counters(ends.rxe["A"])
-    with probe(*names, api=api) as running:
+    with probe(*names, api=api, deadline_s=deadline_s) as running:
         deadline = time.monotonic() + START_BOUND_S
         while tx_packets(None, ends.a.dev) - sent < CUT_AFTER_PACKETS:
             if running.proc.poll() is not None:
@@ -219,7 +223,7 @@ def cut_mid_transfer(
         cut_at = time.monotonic()
         inject(f"{SOURCE_LEAF}:{port}")
         cut_done = time.monotonic()
-        result = running.result(timeout_s=TRANSFER.deadline_s + 60)
+        result = running.result(timeout_s=deadline_s + 60)
         load = _load(cpu0, rxe0, ends.rxe["A"])
     at_ms, until_ms = (round((t - result.started_monotonic) * 1000, 3) for t in (cut_at, cut_done))
     return Cut(result, port, at_ms, until_ms, load, running.stderr.strip())
