@@ -446,6 +446,12 @@ class BfdReport(_Report):
     state: Literal["admin_down", "down", "init", "up"]
     diag: int = Field(ge=0, le=31)
     detected_at: UtcDatetime
+    tx_interval_ms: float | None = Field(
+        None, ge=0, description="negotiated transmit interval (RFC 5880 6.8.7, before jitter)"
+    )
+    detect_time_ms: float | None = Field(
+        None, ge=0, description="negotiated detection time (6.8.4): silence this long is Down"
+    )
 
 
 class CountersReport(_Report):

@@ -674,7 +674,28 @@ def test_the_image_installs_the_project_from_the_repository_root() -> None:
 
 def test_dockerignore_keeps_local_state_out_and_build_inputs_in() -> None:
     patterns = dockerignore_patterns()
-    for excluded in (".venv", ".git", ".env", "libs/thorn/__pycache__", "thorn.egg-info"):
+    for excluded in (".venv", ".git", ".env", "libs/thorn/__pycache__", "thorn.egg-info",
+                     "services/gateway/dashboard/node_modules",
+                     "services/gateway/dashboard/dist"):  # fmt: skip
         assert is_dockerignored(excluded, patterns), f"{excluded} reaches the build context"
-    for needed in ("pyproject.toml", "libs/thorn/__init__.py", "services/topology"):
+    for needed in ("pyproject.toml", "libs/thorn/__init__.py", "services/topology",
+                   "openapi/openapi.json", "services/gateway/dashboard/src/main.ts",
+                   "services/gateway/dashboard/package-lock.json"):  # fmt: skip
         assert not is_dockerignored(needed, patterns), f"{needed} is excluded from the build"
+
+
+def test_the_gateway_image_serves_the_dashboard_built_from_its_sources() -> None:
+    stages = {s.name: s for s in parse_dockerfile(ROOT / "deploy" / "Dockerfile")}
+    built = stages["dashboard"]
+    assert built.base.startswith("node:"), built.base  # the official Node.js image
+    runs = [a for k, a in built.instructions if k == "RUN"]
+    assert "npm ci --no-audit --no-fund" in runs and "npm run build" in runs
+    gateway = dict(stages["gateway"].instructions)
+    copied = [a for k, a in stages["gateway"].instructions if k == "COPY"]
+    assert any(a.startswith("--from=dashboard ") and a.endswith(" /opt/thorn/dashboard")
+               for a in copied), copied  # fmt: skip
+    assert "THORN_DASHBOARD_DIR=/opt/thorn/dashboard" in gateway["ENV"]
+    # The build script generates the client from the API document before building.
+    package = json.loads((ROOT / "services/gateway/dashboard/package.json").read_text())
+    assert "openapi-typescript ../../../openapi/openapi.json" in package["scripts"]["gen"]
+    assert package["scripts"]["build"].startswith("npm run gen")

@@ -30,15 +30,18 @@ from typing import Any
 
 import httpx
 import pytest
-from fabric_system import System, flow_on_red, nats, nats_server, system
+from fabric_system import BFD_MS, BFD_MULT, System, flow_on_red, nats, nats_server, system
 
+from thorn.auth import hash_token
 from thorn.events import FailoverEvent
 from thorn.lab import faults
+from thorn.model import TokenRole
 from thorn.store.health import FailureQuery
 from thorn_health.app import create_app as health_app
 from thorn_programmer.app import create_app as programmer_app
 
 __all__ = ["nats", "nats_server", "system"]  # the fixtures, used by name
+VIEWER = "thn_e2e-viewer"
 
 
 async def test_carrier_loss_is_detected_replanned_recorded_and_closed(system: System) -> None:
@@ -228,3 +231,31 @@ async def test_a_programmer_restart_under_traffic_loses_nothing_and_changes_noth
     assert changed == {}
     report = await asyncio.to_thread(flow.wait)
     assert report.lost == 0, report.lost_ranges
+
+
+async def test_health_shows_each_bfd_session_with_the_timers_it_negotiated(
+    system: System,
+) -> None:
+    """Sessions come up at slow start's 1 s (RFC 5880 6.8.3) and settle on the configured
+    50 ms x 3: health's session list shows the settled timers, as the agents restate them."""
+    f = system
+    await f.store.put_token("e2e-viewer", TokenRole.viewer, hash_token(VIEWER), "test")
+    auth = {"Authorization": f"Bearer {VIEWER}"}
+    app = f.apps["health"][0]
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://health") as client:
+        found: list[dict[str, Any]] = []
+
+        async def settled() -> bool:
+            answer = await client.get("/api/v1/health/sessions", params={"multihop": "false",
+                                      "limit": 1000}, headers=auth)  # fmt: skip
+            found[:] = answer.json()["items"]
+            return bool(found) and all(
+                s["state"] == "up" and s["tx_interval_ms"] == BFD_MS
+                and s["detect_time_ms"] == BFD_MS * BFD_MULT for s in found
+            )  # fmt: skip
+
+        deadline = time.monotonic() + 20
+        while not await settled():
+            assert time.monotonic() < deadline, found[:3]
+            await asyncio.sleep(0.2)

@@ -322,7 +322,7 @@ async def test_the_api_filters_and_pages_links_events_and_sessions(
         await leaf1.send(carrier("swp1", False), carrier("swp3", False))
         path_session = BfdReport(
             local="10.224.0.2", peer="10.224.0.1", multihop=True, state="down", diag=1,
-            detected_at=utcnow(),
+            detected_at=utcnow(), tx_interval_ms=10.0, detect_time_ms=30.0,
         )  # fmt: skip
         link_session = BfdReport(
             local="10.0.1.0", peer="10.0.1.1", port="swp3", state="down", diag=1,
@@ -366,6 +366,8 @@ async def test_the_api_filters_and_pages_links_events_and_sessions(
             assert [(s["node"], s["peer"], s["link_id"]) for s in sessions["items"]] == [
                 ("leaf2", "10.224.0.1", None)
             ]
+            timers = sessions["items"][0]
+            assert (timers["tx_interval_ms"], timers["detect_time_ms"]) == (10.0, 30.0)
             assert (await get("sessions", node="leaf2"))["total"] == 2
 
             for path, params, field in [

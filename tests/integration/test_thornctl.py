@@ -34,7 +34,8 @@ from standin_agents import StandInAgents
 from typer.testing import CliRunner, Result
 
 from thorn.bus import Bus
-from thorn.cli.main import app, since_value
+from thorn.cli.context import since_value
+from thorn.cli.main import app
 from thorn.config import Settings
 from thorn.events import (
     STREAM_FAILOVER,
@@ -47,6 +48,7 @@ from thorn.events import (
     utcnow,
 )
 from thorn.observed import HeardNeighbour, NodeObservation, ObservedPort
+from thorn_gateway.app import create_app as gateway_app
 from thorn_health.app import create_app as health_app
 from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app
@@ -175,8 +177,7 @@ def thornctl(thorn_url: str) -> Thornctl:
     # None unsets: the developer's own THORN_* settings must not leak into the tests.
     env: dict[str, str | None] = {
         k: None
-        for k in ("THORN_URL", "THORN_TOKEN", "THORN_OUTPUT", "THORN_TIMEOUT", "COLUMNS",
-                  "THORN_PATHCOMP_URL", "THORN_HEALTH_URL")
+        for k in ("THORN_URL", "THORN_TOKEN", "THORN_OUTPUT", "THORN_TIMEOUT", "COLUMNS")
     }  # fmt: skip
     return Thornctl(thorn_url, CliRunner(env=env))
 
@@ -733,7 +734,7 @@ def planned_fabric(thorn_url: str, pathcomp_url: str, **params: Any) -> dict[str
 
 
 def test_a_link_drain_waits_until_the_link_carries_no_traffic(
-    thornctl: Thornctl, thorn_url: str, pathcomp_url: str
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, paths_url: str
 ) -> None:
     planned_fabric(thorn_url, pathcomp_url)
     paths = httpx.get(
@@ -741,15 +742,13 @@ def test_a_link_drain_waits_until_the_link_carries_no_traffic(
         headers=AS_ADMIN,
     ).json()  # fmt: skip
     used = paths["red"]["links"][1]
-    before = ok(thornctl("--pathcomp-url", pathcomp_url, "links", "status", str(used))).stdout
+    before = ok(thornctl("--url", paths_url, "links", "status", str(used))).stdout
     assert f"Link {used} is in service (not drained): it carries traffic" in before
-    result = thornctl(
-        "--pathcomp-url", pathcomp_url, "links", "drain", str(used), "--wait", "--timeout", "20"
-    )
+    result = thornctl("--url", paths_url, "links", "drain", str(used), "--wait", "--timeout", "20")
     assert result.exit_code == 0, result.stderr
     assert f"Link {used} drained and carries no traffic" in result.stdout
     assert re.search(r"routes_through\s+0 \(red 0, blue 0\)", result.stdout)
-    listed = as_json(thornctl("--pathcomp-url", pathcomp_url, "-o", "json", "drains"))
+    listed = as_json(thornctl("--url", paths_url, "-o", "json", "drains"))
     assert [(d["kind"], d["element"], d["carries_traffic"]) for d in listed["items"]] == [
         ("link", str(used), False)
     ]
@@ -757,12 +756,10 @@ def test_a_link_drain_waits_until_the_link_carries_no_traffic(
 
 
 def test_a_node_drain_with_json_output_prints_the_node_and_its_final_status(
-    thornctl: Thornctl, thorn_url: str, pathcomp_url: str
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, paths_url: str
 ) -> None:
     planned_fabric(thorn_url, pathcomp_url)
-    result = thornctl(
-        "--pathcomp-url", pathcomp_url, "-o", "json", "node", "drain", "spine1", "--wait"
-    )
+    result = thornctl("--url", paths_url, "-o", "json", "node", "drain", "spine1", "--wait")
     assert result.exit_code == 0, result.stderr
     body = json.loads(result.stdout)
     assert body["node"]["admin_state"] == "drained"
@@ -772,14 +769,18 @@ def test_a_node_drain_with_json_output_prints_the_node_and_its_final_status(
 
 
 def test_a_drain_wait_that_runs_out_of_time_exits_75_naming_what_it_waits_for(
-    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, agents: Agents
+    thornctl: Thornctl,
+    thorn_url: str,
+    pathcomp_url: str,
+    agents: Agents,
+    paths_url: str,
 ) -> None:
     planned_fabric(thorn_url, pathcomp_url)
     agents.agents.silent.add("leaf1")  # alive, but it stops applying anything
     agents.say_hello(["leaf1"])
     try:
         result = thornctl(
-            "--pathcomp-url", pathcomp_url, "nodes", "drain", "spine2", "--wait",
+            "--url", paths_url, "nodes", "drain", "spine2", "--wait",
             "--timeout", "3", "--interval", "0.1",
         )  # fmt: skip
         assert result.exit_code == 75, (result.stdout, result.stderr)
@@ -838,8 +839,29 @@ def health_url(
         yield url
 
 
+def _entry_point(upstreams: str, data_dir: Path, nats_url: str) -> Iterator[str]:
+    with serving("gateway", lambda _s, _b: gateway_app(Settings(upstreams=upstreams)),
+                 data_dir / "unused.db", nats_url, ready=lambda _status: True) as url:  # fmt: skip
+        yield url
+
+
+@pytest.fixture(scope="module")
+def paths_url(thorn_url: str, pathcomp_url: str, data_dir: Path, nats_url: str) -> Iterator[str]:
+    """The entry point in front of topology and pathcomp (health is not running yet)."""
+    yield from _entry_point(f"topology={thorn_url},pathcomp={pathcomp_url}", data_dir, nats_url)
+
+
+@pytest.fixture(scope="module")
+def one_url(
+    thorn_url: str, pathcomp_url: str, health_url: str, data_dir: Path, nats_url: str
+) -> Iterator[str]:
+    """The entry point in front of topology, pathcomp and health: thornctl needs only it."""
+    upstreams = f"topology={thorn_url},pathcomp={pathcomp_url},health={health_url}"
+    yield from _entry_point(upstreams, data_dir, nats_url)
+
+
 def test_failovers_are_listed_and_shown_hop_by_hop_with_whose_clock_read_each(
-    thornctl: Thornctl, health_url: str, nats_url: str
+    thornctl: Thornctl, health_url: str, one_url: str, nats_url: str
 ) -> None:
     t0 = utcnow().replace(microsecond=0) - timedelta(minutes=5)
 
@@ -865,7 +887,7 @@ def test_failovers_are_listed_and_shown_hop_by_hop_with_whose_clock_read_each(
         assert time.monotonic() < deadline, page
         time.sleep(0.05)
     local_id = f"gpu2-{local.at.strftime('%Y%m%dT%H%M%S.%fZ')}"
-    health = ("--health-url", health_url)
+    health = ("--url", one_url)
 
     listed = ok(thornctl(*health, "failovers", "list")).stdout
     assert listed.split()[:7] == ["ID", "STARTED", "TIER", "SOURCES", "PAIRS", "LINK", "GAP"]
@@ -900,20 +922,17 @@ def test_failovers_are_listed_and_shown_hop_by_hop_with_whose_clock_read_each(
     )
 
 
-def test_failovers_errors_name_the_option_or_the_id(thornctl: Thornctl, health_url: str) -> None:
-    missing = thornctl("--health-url", health_url, "failovers", "show", "0123456789abcdef")
+def test_failovers_errors_name_the_id_or_the_field(thornctl: Thornctl, one_url: str) -> None:
+    missing = thornctl("failovers", "show", "0123456789abcdef", url=one_url)
     assert missing.exit_code == 1
     assert "failover '0123456789abcdef' not found" in missing.stderr
-    naive = thornctl("--health-url", health_url, "failovers", "list", "--since", "2026-12-01")
+    naive = thornctl("failovers", "list", "--since", "2026-12-01", url=one_url)
     assert naive.exit_code == 1 and "query.since" in naive.stderr
-    # without --health-url, the topology service at --url has no failovers: say where to look
-    elsewhere = thornctl("failovers", "list")
-    assert elsewhere.exit_code == 1 and "--health-url" in elsewhere.stderr
-    assert thornctl("failovers", "list", "--tier", "psychic").exit_code == 2
+    assert thornctl("failovers", "list", "--tier", "psychic", url=one_url).exit_code == 2
 
 
 def test_a_tenants_rc_budget_is_declared_and_its_failovers_judged_with_a_warning(
-    thornctl: Thornctl, thorn_url: str, health_url: str, nats_url: str
+    thornctl: Thornctl, thorn_url: str, health_url: str, one_url: str, nats_url: str
 ) -> None:
     api(thorn_url, "POST", "/fabric/import",
         json=fabric_of_two_tenants().to_document().model_dump(mode="json"))  # fmt: skip
@@ -941,7 +960,7 @@ def test_a_tenants_rc_budget_is_declared_and_its_failovers_judged_with_a_warning
     )  # fmt: skip
     assert repair.trace is not None
     publish(nats_url, repair)
-    health = ("--health-url", health_url)
+    health = ("--url", one_url)
     while api(health_url, "GET", "/failovers", params={"node": "leaf2"})["total"] < 1:
         assert time.monotonic() < deadline
         time.sleep(0.05)
@@ -1039,3 +1058,65 @@ def test_cabling_and_mismatches_show_what_the_agents_registered(
     assert "port_missing" in ok(thornctl("mismatches")).stdout
     refused = thornctl("cabling", "--state", "bogus")
     assert refused.exit_code != 0 and "bogus" in refused.stderr
+
+
+def test_paths_and_the_plan_are_shown_over_the_one_url(
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, one_url: str
+) -> None:
+    planned_fabric(thorn_url, pathcomp_url)
+    shown = ok(thornctl("paths", "host1", "host2", url=one_url)).stdout
+    assert "host1 -> host2: degraded" in shown
+    assert re.search(r"red\s+4\s+eth1\s+host1 -> leaf1 -> spine\d -> leaf2 -> host2", shown)
+    assert "shared: link" in shown
+    assert (
+        as_json(thornctl("-o", "json", "paths", "host1", "host2", url=one_url))
+        == httpx.get(
+            f"{pathcomp_url}/api/v1/paths",
+            params={"src": "host1", "dst": "host2"},
+            headers=AS_ADMIN,
+        ).json()
+    )
+    unknown = thornctl("paths", "host1", "nohost", url=one_url)
+    assert unknown.exit_code == 1 and "host 'nohost' not found" in unknown.stderr
+    plan = ok(thornctl("plan", "show", url=one_url)).stdout
+    assert re.search(r"pairs\s+2", plan) and re.search(r"shared risk\s+2", plan)
+    recomputed = as_json(thornctl("-o", "json", "plan", "recompute", url=one_url))
+    assert recomputed["kind"] == "full"
+
+
+def test_a_what_if_is_simulated_and_an_unknown_element_named(
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, one_url: str
+) -> None:
+    planned_fabric(thorn_url, pathcomp_url)
+    before = api(thorn_url, "GET", "/links", params={"limit": 1000})
+    shown = ok(thornctl("plan", "what-if", "--node", "leaf1", url=one_url)).stdout
+    assert re.search(r"cut\s+2 pairs", shown)  # host1 hangs off leaf1 alone
+    assert re.search(r"host1\s+host2\s+cut\s+unreachable", shown)
+    first = before["items"][0]["id"]
+    data = as_json(thornctl("-o", "json", "plan", "what-if", "-n", "spine1", "-l", str(first),
+                            url=one_url))  # fmt: skip
+    assert data["nodes"] == ["spine1"] and first in data["links"]
+    unknown = thornctl("plan", "what-if", "--node", "spine9", url=one_url)
+    assert unknown.exit_code == 1 and "node 'spine9' not found" in unknown.stderr
+    nothing = thornctl("plan", "what-if", url=one_url)
+    assert nothing.exit_code == 2 and "--link" in nothing.stderr
+    assert api(thorn_url, "GET", "/links", params={"limit": 1000}) == before  # nothing changed
+
+
+def test_health_links_events_and_sessions_are_listed_over_the_one_url(
+    thornctl: Thornctl, thorn_url: str, pathcomp_url: str, health_url: str, one_url: str
+) -> None:
+    planned_fabric(thorn_url, pathcomp_url)
+    links = as_json(thornctl("-o", "json", "health", "links", "--all", url=one_url))
+    assert (
+        links["items"] == api(health_url, "GET", "/health/links", params={"limit": 1000})["items"]
+    )
+    table = ok(thornctl("health", "links", url=one_url)).stdout
+    assert table.split()[:4] == ["LINK", "A", "B", "STATE"]
+    events = as_json(thornctl("-o", "json", "health", "events", "--since", "1h", url=one_url))
+    assert "items" in events and "total" in events
+    sessions = as_json(thornctl("-o", "json", "health", "sessions", url=one_url))
+    assert sessions == api(health_url, "GET", "/health/sessions")
+    missing = thornctl("health", "link", "4242", url=one_url)
+    assert missing.exit_code == 1 and "4242" in missing.stderr
+    assert thornctl("health", "links", "--state", "sideways", url=one_url).exit_code == 2

@@ -6,6 +6,7 @@ tests/fabric/test_bfd_*.py and the end-to-end detection tests); these tests pin 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from datetime import UTC, datetime
 from typing import Any
@@ -14,7 +15,8 @@ import pytest
 
 from thorn.desired import ColourName
 from thorn.events import BfdReport
-from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, State
+from thorn_programmer import detect
+from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, SessionStatus, State
 from thorn_programmer.detect import (
     BfdSessions,
     Discriminators,
@@ -71,7 +73,8 @@ def test_a_host_watches_each_peer_host_on_both_colours_from_its_own_teps() -> No
 
 class FakeManager:
     def __init__(self, refuse: set[str] | None = None) -> None:
-        self.sessions: dict[int, SessionConfig] = {}
+        self.configs: dict[int, SessionConfig] = {}
+        self.statuses: list[SessionStatus] = []  # what sessions() reads back
         self.removed: list[int] = []
         self.refuse = refuse or set()
         self.armed: dict[int, tuple[bytes, ...]] = {}
@@ -81,18 +84,21 @@ class FakeManager:
             netns: str | None = None) -> None:  # fmt: skip
         if ifname in self.refuse:
             raise OSError(19, f"no such device {ifname}")
-        self.sessions[config.local_discriminator] = config
+        self.configs[config.local_discriminator] = config
 
     def remove(self, disc: int, *, admin_down: bool = True) -> None:
         self.removed.append(disc)
-        del self.sessions[disc]
+        del self.configs[disc]
         self.armed.pop(disc, None)
 
     def arm(self, disc: int, messages: Any) -> None:
-        if disc not in self.sessions:
+        if disc not in self.configs:
             raise KeyError(disc)
         self.armed[disc] = tuple(messages)
         self.arms += 1
+
+    def sessions(self) -> list[SessionStatus]:
+        return self.statuses
 
 
 class Node:
@@ -127,8 +133,8 @@ async def test_sessions_follow_each_applied_intent_with_the_configured_timers() 
     manager, node = FakeManager(), Node()
     s = node.sessions(manager)
     await s.update(host_intent(peer("host2", 2)))
-    assert len(manager.sessions) == 4
-    config = manager.sessions[disc_of(s, "host2", "red")]
+    assert len(manager.configs) == 4
+    config = manager.configs[disc_of(s, "host2", "red")]
     assert (config.desired_min_tx_us, config.required_min_rx_us, config.detect_mult) == (
         10_000, 10_000, 3)  # fmt: skip
     assert config.multihop and config.local_address == "10.224.0.1"
@@ -136,7 +142,7 @@ async def test_sessions_follow_each_applied_intent_with_the_configured_timers() 
     assert {k.peer_host for k in s.sessions if k.multihop} == {"host3"}
     assert len(manager.removed) == 2
     await s.close()
-    assert manager.sessions == {}
+    assert manager.configs == {}
 
 
 async def test_a_session_that_cannot_start_is_tried_again_with_the_next_intent() -> None:
@@ -162,6 +168,35 @@ async def test_every_change_is_reported_with_its_detection_time() -> None:
     s.event(event(link, State.UP, State.DOWN, Diag.CONTROL_DETECTION_TIME_EXPIRED))
     assert (node.reports[-1].state, node.reports[-1].port, node.reports[-1].diag) == (
         "down", "eth0", 1)  # fmt: skip
+
+
+async def test_the_timers_a_session_settles_on_after_up_are_restated_to_health(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At Up both ends still send at slow start's 1 s (RFC 5880 6.8.3); once the Poll
+    sequences are done the negotiated timers are reported, with the same Up."""
+    monkeypatch.setattr(detect, "TIMERS_SETTLE_S", 0.01)
+    manager, node = FakeManager(), Node()
+    s = node.sessions(manager)
+    await s.update(host_intent(peer("host2", 2)))
+    red = disc_of(s, "host2", "red")
+    up = dataclasses.replace(event(red, State.DOWN, State.UP), tx_interval_us=1_000_000,
+                             detection_time_us=3_000_000)  # fmt: skip
+    manager.statuses = [SessionStatus(red, 77, "10.224.0.2", "10.224.0.1", None, None, True,
+                                      State.UP, State.UP, Diag.NONE, 10_000, 10_000, 3,
+                                      10_000, 30_000)]  # fmt: skip
+    s.event(up)
+    assert (node.reports[-1].tx_interval_ms, node.reports[-1].detect_time_ms) == (1000, 3000)
+    await asyncio.sleep(0.1)
+    restated = node.reports[-1]
+    assert (restated.state, restated.tx_interval_ms, restated.detect_time_ms) == ("up", 10, 30)
+    assert restated.detected_at == up.wall and len(node.reports) == 2
+    # Down again before the timers settle: nothing is restated.
+    s.event(dataclasses.replace(up, new=State.DOWN, old=State.UP))
+    s.event(up)
+    s.event(dataclasses.replace(up, new=State.DOWN, old=State.UP))
+    await asyncio.sleep(0.1)
+    assert [r.state for r in node.reports[2:]] == ["down", "up", "down"]
 
 
 async def test_the_active_colour_going_down_flips_the_peer_when_the_other_is_up() -> None:
@@ -245,7 +280,7 @@ async def test_a_link_session_outlives_the_routes_that_started_it() -> None:
     only_eth1 = HostIntent("host1", 2, TEPS, (UnderlayRoute("10.0.0.0/8", "eth1", "10.0.1.0"),),
                            (), ())  # fmt: skip
     await s.update(only_eth1)
-    assert eth0 in manager.sessions and manager.removed == []
+    assert eth0 in manager.configs and manager.removed == []
     renumbered = HostIntent("host1", 3, TEPS, (UnderlayRoute("10.0.0.0/8", "eth0", "10.0.9.0"),),
                             (), ())  # fmt: skip
     await s.update(renumbered)  # eth0 now faces another neighbour: the old session goes

@@ -1,5 +1,7 @@
-"""thornctl: THORN's command line over the REST API (topology's; pathcomp's for drain status;
-health's for failovers).
+"""thornctl: THORN's command line over the REST API: one URL, the entry point, serves every
+service's routes. This module holds the root command, the fabric, node, link, token and audit
+commands; the other groups have their own modules (paths, health, failovers, tenants, lab,
+rdma) and share `context` (options, the client) and `render` (tables, JSON, YAML).
 
 Global options (before the command)
     --url URL          the API (env THORN_URL; default http://127.0.0.1:8080)
@@ -7,9 +9,6 @@ Global options (before the command)
     -o, --output FMT   table (default; rich tables for people), json (exactly the API's
                        JSON, for scripts) or yaml (env THORN_OUTPUT)
     --timeout SECONDS  per request (env THORN_TIMEOUT; default 60)
-    --pathcomp-url URL path computation's API, for drain status (env THORN_PATHCOMP_URL;
-                       default: --url, where a gateway serves every service)
-    --health-url URL   health's API, for failovers (env THORN_HEALTH_URL; default: --url)
 
 Commands
     import FILE|-          replace the fabric with a THORN document (JSON or YAML) or a
@@ -21,6 +20,10 @@ Commands
     nodes list|show|drain|undrain|status, links list|show|drain|undrain|status
                            (drain --wait: until it carries no more traffic)
     drains                 every drained link and node, and whether it still carries traffic
+    paths SRC DST          the red and blue routes of a host pair, what they share
+    plan show|recompute|what-if   the plan's protection; a full recompute; a simulated
+                           failure of links and nodes (on a copy of the plan)
+    health links|link|events|sessions   links' health, failures over time, BFD sessions
     failovers list|show    failover timelines: each hop, its latency, whose clock, and the
                            verdict against each touched tenant's RC budget (health)
     failovers budget       each tenant's RC budget against its recent failovers (p50, p99)
@@ -50,9 +53,6 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -69,16 +69,28 @@ from rich.progress import (
 )
 from typer.core import TyperGroup
 
-from thorn.cli.client import API, Client
+from thorn.cli.client import API
+from thorn.cli.context import (
+    DEFAULT_TIMEOUT,
+    DEFAULT_URL,
+    All,
+    Limit,
+    Offset,
+    State,
+    fetch_page,
+    state_of,
+)
 from thorn.cli.errors import CliError, ExitCode
+from thorn.cli.failovers import failovers_app
 from thorn.cli.files import Document, InputFormat, load_document, write_text
+from thorn.cli.health import health_app
 from thorn.cli.lab import lab_app
+from thorn.cli.paths import paths, plan_app
 from thorn.cli.rdma import rdma_app
-from thorn.cli.render import Out, OutputFormat, page_caption, to_json, to_yaml
+from thorn.cli.render import Out, OutputFormat, page_caption, spinner, to_json, to_yaml
+from thorn.cli.tenants import tenants_app
 from thorn.model import AdminState, Role, TokenRole
 
-DEFAULT_URL = "http://127.0.0.1:8080"
-DEFAULT_TIMEOUT = 60.0
 UPLOAD_CHUNK = 256 * 1024
 
 EPILOG = """\
@@ -123,74 +135,19 @@ app = typer.Typer(
 nodes_app = typer.Typer(help="Fabric nodes (hosts and switches).", no_args_is_help=True)
 links_app = typer.Typer(help="Links between ports; drain and undrain.", no_args_is_help=True)
 tokens_app = typer.Typer(help="API tokens (admin role).", no_args_is_help=True)
-failovers_app = typer.Typer(
-    help="Failovers: each trace's hops, latencies and clocks (from health).", no_args_is_help=True
-)
 app.add_typer(nodes_app, name="nodes")
 app.add_typer(links_app, name="links")
 app.add_typer(nodes_app, name="node", hidden=True)  # `thornctl node drain NAME` reads well too
 app.add_typer(links_app, name="link", hidden=True)
 app.add_typer(tokens_app, name="tokens")
-tenants_app = typer.Typer(
-    help="Tenants and the RC budget (NCCL_IB_TIMEOUT, NCCL_IB_RETRY_CNT) of their jobs.",
-    no_args_is_help=True,
-)
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(tenants_app, name="tenant", hidden=True)
 app.add_typer(failovers_app, name="failovers")
+app.add_typer(plan_app, name="plan")
+app.add_typer(health_app, name="health")
 app.add_typer(failovers_app, name="failover", hidden=True)
 app.add_typer(lab_app, name="lab")
 app.add_typer(rdma_app, name="rdma")
-
-
-@dataclass
-class State:
-    url: str
-    token: str | None
-    timeout: float
-    out: Out
-    pathcomp_url: str | None = None
-    health_url: str | None = None
-    _client: Client | None = field(default=None, init=False)
-    _pathcomp: Client | None = field(default=None, init=False)
-    _health: Client | None = field(default=None, init=False)
-
-    @property
-    def client(self) -> Client:
-        if self._client is None:
-            self._client = Client(self.url, self.token, self.timeout)
-        return self._client
-
-    @property
-    def pathcomp(self) -> Client:
-        """Path computation's API (drain status): --pathcomp-url, else the same --url."""
-        if self.pathcomp_url is None:
-            return self.client
-        if self._pathcomp is None:
-            self._pathcomp = Client(self.pathcomp_url, self.token, self.timeout, "--pathcomp-url")
-        return self._pathcomp
-
-    @property
-    def health(self) -> Client:
-        """Health's API (failovers): --health-url, else the same --url (where a gateway
-        serves every service; under `make run` health has a port of its own)."""
-        if self._health is None:
-            url, option = self.health_url or self.url, "--health-url"
-            if self.health_url is None:
-                option = "--url (health's API: --health-url)"
-            self._health = Client(url, self.token, self.timeout, option)
-        return self._health
-
-    def close(self) -> None:
-        for client in (self._client, self._pathcomp, self._health):
-            if client is not None:
-                client.close()
-
-
-def _state(ctx: typer.Context) -> State:
-    state = ctx.find_object(State)
-    assert state is not None, "main() sets the state before any command runs"
-    return state
 
 
 @app.callback()
@@ -219,39 +176,12 @@ def main(
             "--timeout", envvar="THORN_TIMEOUT", min=0.1, help="Seconds to wait per request."
         ),
     ] = DEFAULT_TIMEOUT,
-    pathcomp_url: Annotated[
-        str | None,
-        typer.Option(
-            "--pathcomp-url",
-            envvar="THORN_PATHCOMP_URL",
-            help="Path computation's API (drain status); default: --url.",
-            show_default=False,
-        ),
-    ] = None,
-    health_url: Annotated[
-        str | None,
-        typer.Option(
-            "--health-url",
-            envvar="THORN_HEALTH_URL",
-            help="Health's API (failovers); default: --url.",
-            show_default=False,
-        ),
-    ] = None,
 ) -> None:
     """Command line for THORN, the SDN controller for RDMA training fabrics."""
-    urls = ((url, "--url"), (pathcomp_url, "--pathcomp-url"), (health_url, "--health-url"))
-    for value, hint in urls:
-        if value is None:
-            continue
-        parts = urlsplit(value.strip())
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise typer.BadParameter(
-                f"'{value}' is not an http:// or https:// URL", param_hint=hint
-            )
-    state = State(
-        url=url, token=token or None, timeout=timeout, out=Out(output),
-        pathcomp_url=pathcomp_url or None, health_url=health_url or None,
-    )  # fmt: skip
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise typer.BadParameter(f"'{url}' is not an http:// or https:// URL", param_hint="--url")
+    state = State(url=url, token=token or None, timeout=timeout, out=Out(output))
     ctx.obj = state
     ctx.call_on_close(state.close)
 
@@ -337,7 +267,7 @@ def import_(
     ] = False,
 ) -> None:
     """Replace the whole fabric with FILE (all or nothing; admin role)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     doc = load_document(file, fmt)
     path = "/fabric/import/containerlab" if doc.kind is InputFormat.clab else "/fabric/import"
     result = _upload(state, doc, path, dry_run)
@@ -357,7 +287,7 @@ def export(
     ] = False,
 ) -> None:
     """Print (or write) the whole fabric as a document `import` accepts."""
-    state = _state(ctx)
+    state = state_of(ctx)
     document: dict[str, Any] = state.client.get("/fabric")
     yaml_wanted = (
         as_yaml
@@ -488,10 +418,6 @@ def _unknown_generator(name: str, known: list[dict[str, Any]]) -> str:
     return f"unknown generator '{name}'; known: {names} (see thornctl generate --list)"
 
 
-def _spinner(out: Out, message: str) -> AbstractContextManager[object]:
-    return out.err.status(message) if out.stderr_is_terminal else nullcontext()
-
-
 @app.command()
 def generate(
     ctx: typer.Context,
@@ -518,7 +444,7 @@ def generate(
     ] = False,
 ) -> None:
     """Replace the whole fabric with a generated topology (admin role)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     if list_:
         _show_generators(state, name)
         return
@@ -529,7 +455,7 @@ def generate(
     params = parse_sets(sets or [])
     route = name.replace("_", "-")
     try:
-        with _spinner(state.out, f"generating {route}"):
+        with spinner(state.out, f"generating {route}"):
             result: dict[str, Any] = state.client.post(
                 f"/fabric/generate/{quote(route, safe='')}",
                 json_body=params,
@@ -548,7 +474,7 @@ def generators(
     name: Annotated[str | None, typer.Argument(help="Only this generator.")] = None,
 ) -> None:
     """List the generators the server offers and their parameters."""
-    _show_generators(_state(ctx), name)
+    _show_generators(state_of(ctx), name)
 
 
 # --- fabric-wide reads -----------------------------------------------------------------------
@@ -557,7 +483,7 @@ def generators(
 @app.command()
 def summary(ctx: typer.Context) -> None:
     """Counts of nodes, ports, links, ... and the fabric's revision."""
-    state = _state(ctx)
+    state = state_of(ctx)
     result: dict[str, Any] = state.client.get("/fabric/summary")
     if not state.out.data(result):
         state.out.fields(result.items(), title=f"THORN at {state.client.url}")
@@ -566,33 +492,10 @@ def summary(ctx: typer.Context) -> None:
 @app.command()
 def whoami(ctx: typer.Context) -> None:
     """The token's name and role."""
-    state = _state(ctx)
+    state = state_of(ctx)
     result: dict[str, Any] = state.client.get("/whoami")
     if not state.out.data(result):
         state.out.fields([*result.items(), ("url", state.client.url)])
-
-
-Limit = Annotated[
-    int | None, typer.Option("--limit", min=1, max=1000, help="Page size (server default 100).")
-]
-Offset = Annotated[int | None, typer.Option("--offset", min=0, help="Items to skip.")]
-All = Annotated[bool, typer.Option("--all", help="Fetch every page.")]
-
-
-def _page(
-    state: State,
-    path: str,
-    limit: int | None,
-    offset: int | None,
-    everything: bool,
-    *,
-    api: Client | None = None,
-    **q: Any,
-) -> dict[str, Any]:
-    if everything and (limit is not None or offset is not None):
-        raise typer.BadParameter("cannot be combined with --limit or --offset", param_hint="--all")
-    client = api or state.client
-    return client.pages(path, limit=limit, offset=offset, everything=everything, **q)
 
 
 # --- nodes -----------------------------------------------------------------------------------
@@ -613,11 +516,11 @@ def nodes_list(
     everything: All = False,
 ) -> None:
     """List nodes, sorted by name."""
-    state = _state(ctx)
+    state = state_of(ctx)
     for item in label or []:
         if "=" not in item:
             raise typer.BadParameter(f"'{item}' is not KEY=VALUE", param_hint="--label")
-    page = _page(
+    page = fetch_page(
         state,
         "/nodes",
         limit,
@@ -643,7 +546,7 @@ def nodes_list(
 @nodes_app.command("show")
 def nodes_show(ctx: typer.Context, name: Annotated[str, typer.Argument(help="Node name.")]) -> None:
     """A node with its ports and links."""
-    state = _state(ctx)
+    state = state_of(ctx)
     node: dict[str, Any] = state.client.get(f"/nodes/{quote(name, safe='')}")
     if state.out.data(node):
         return
@@ -701,7 +604,7 @@ def nodes_drain(
     interval: Interval = 0.5,
 ) -> None:
     """Drain a switch: path computation leaves it out of every path (operator role)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     node: dict[str, Any] = state.client.post(f"/nodes/{quote(name, safe='')}/drain")
     if wait:
         _drain_and_wait(state, "node", name, node, timeout, interval)
@@ -712,7 +615,7 @@ def nodes_drain(
 @nodes_app.command("undrain")
 def nodes_undrain(ctx: typer.Context, name: NodeName) -> None:
     """Return a drained node to service (operator role)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     node: dict[str, Any] = state.client.post(f"/nodes/{quote(name, safe='')}/undrain")
     if not state.out.data(node):
         _show_node(state.out, node, f"Node {name} back in service")
@@ -721,8 +624,8 @@ def nodes_undrain(ctx: typer.Context, name: NodeName) -> None:
 @nodes_app.command("status")
 def nodes_status(ctx: typer.Context, name: NodeName) -> None:
     """Whether a node still carries traffic (from path computation)."""
-    state = _state(ctx)
-    status = state.pathcomp.get(f"/drains/nodes/{quote(name, safe='')}")
+    state = state_of(ctx)
+    status = state.client.get(f"/drains/nodes/{quote(name, safe='')}")
     if not state.out.data(status):
         _show_status(state.out, status, _status_title(status))
 
@@ -799,7 +702,7 @@ def _drain_and_wait(
     start = time.monotonic()
     shown = ""
     while True:
-        status: dict[str, Any] = state.pathcomp.get(path)
+        status: dict[str, Any] = state.client.get(path)
         elapsed = time.monotonic() - start
         if not status["carries_traffic"]:
             break
@@ -823,8 +726,8 @@ def _drain_and_wait(
 @app.command()
 def drains(ctx: typer.Context) -> None:
     """Every drained link and node, and whether each still carries traffic."""
-    state = _state(ctx)
-    page = state.pathcomp.pages("/drains", limit=None, offset=None, everything=True)
+    state = state_of(ctx)
+    page = state.client.pages("/drains", limit=None, offset=None, everything=True)
     if state.out.data(page):
         return
     state.out.table(
@@ -862,7 +765,7 @@ def cabling(
 ) -> None:  # fmt: skip
     """Each link's cabling as the agents' LLDP probes hear it; a miscabled link is out of
     the paths until it is heard cabled as declared."""
-    state = _state(ctx)
+    state = state_of(ctx)
     body = state.client.get("/cabling", state=only.value if only else None)
     if state.out.data(body):
         return
@@ -878,7 +781,7 @@ def cabling(
 @app.command()
 def mismatches(ctx: typer.Context) -> None:
     """Where the nodes, as their agents registered them, differ from their declaration."""
-    state = _state(ctx)
+    state = state_of(ctx)
     body = state.client.get("/mismatches")
     if state.out.data(body):
         return
@@ -909,8 +812,8 @@ def links_list(
     everything: All = False,
 ) -> None:
     """List links, sorted by id."""
-    state = _state(ctx)
-    page = _page(
+    state = state_of(ctx)
+    page = fetch_page(
         state,
         "/links",
         limit,
@@ -954,7 +857,7 @@ def _show_link(out: Out, link: dict[str, Any], title: str | None = None) -> None
 @links_app.command("show")
 def links_show(ctx: typer.Context, link_id: LinkId) -> None:
     """One link."""
-    state = _state(ctx)
+    state = state_of(ctx)
     _show_link(state.out, state.client.get(f"/links/{link_id}"))
 
 
@@ -967,7 +870,7 @@ def links_drain(
     interval: Interval = 0.5,
 ) -> None:
     """Drain a link: path computation moves traffic off it (operator role)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     link = state.client.post(f"/links/{link_id}/drain")
     if wait:
         _drain_and_wait(state, "link", str(link_id), link, timeout, interval)
@@ -978,7 +881,7 @@ def links_drain(
 @links_app.command("undrain")
 def links_undrain(ctx: typer.Context, link_id: LinkId) -> None:
     """Return a drained link to service (operator role)."""
-    state = _state(ctx)
+    state = state_of(ctx)
     link = state.client.post(f"/links/{link_id}/undrain")
     _show_link(state.out, link, title=f"Link {link_id} back in service")
 
@@ -986,316 +889,10 @@ def links_undrain(ctx: typer.Context, link_id: LinkId) -> None:
 @links_app.command("status")
 def links_status(ctx: typer.Context, link_id: LinkId) -> None:
     """Whether a link still carries traffic (from path computation)."""
-    state = _state(ctx)
-    status = state.pathcomp.get(f"/drains/links/{link_id}")
+    state = state_of(ctx)
+    status = state.client.get(f"/drains/links/{link_id}")
     if not state.out.data(status):
         _show_status(state.out, status, _status_title(status))
-
-
-# --- failovers (health) ---------------------------------------------------------------------
-
-
-class FailoverTier(StrEnum):
-    switch = "switch"
-    source = "source"
-    central = "central"
-    reprotection = "reprotection"
-
-
-_AGO = re.compile(r"^(\d{1,6})([smhd])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
-
-
-def since_value(value: str | None, now: datetime | None = None) -> str | None:
-    """`--since`: `15m`, `2h`, `7d` before now, or an ISO 8601 time with a timezone (the API
-    checks that one and names `since` if it is not)."""
-    if value is None:
-        return None
-    ago = _AGO.match(value.strip())
-    if ago is None:
-        return value
-    delta = timedelta(**{_UNITS[ago.group(2)]: int(ago.group(1))})
-    return ((now or datetime.now(UTC)) - delta).isoformat()
-
-
-def _when(iso: str, fmt: str = "%Y-%m-%d %H:%M:%S.%fZ") -> str:
-    """An API timestamp in UTC, always to the microsecond (the hops are that close)."""
-    return datetime.fromisoformat(iso).astimezone(UTC).strftime(fmt)
-
-
-def _gap(item: dict[str, Any]) -> str:
-    if item["gap_ms_upper_bound"] is not None:
-        return f"<= {item['gap_ms_upper_bound']:.3f} ms"
-    if item["gap_clocks_differ"]:
-        return "clocks differ: " + ", ".join(item["gap_clocks"])
-    return "-"
-
-
-@failovers_app.command("list")
-def failovers_list(
-    ctx: typer.Context,
-    node: Annotated[str | None, typer.Option("--node", help="With this source node.")] = None,
-    tier: Annotated[FailoverTier | None, typer.Option("--tier", case_sensitive=False)] = None,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Started after: 15m, 2h, 7d ago, or an ISO 8601 time."),
-    ] = None,
-    link: Annotated[int | None, typer.Option("--link", min=0, help="Naming this link.")] = None,
-    limit: Limit = None,
-    offset: Offset = None,
-    everything: All = False,
-) -> None:
-    """Failovers, one per trace, newest first (from health)."""
-    state = _state(ctx)
-    page = _page(
-        state, "/failovers", limit, offset, everything, api=state.health, node=node,
-        tier=tier.value if tier else None, since=since_value(since), link=link,
-    )  # fmt: skip
-    if state.out.data(page):
-        return
-    state.out.table(
-        ["ID", "STARTED", "TIER", "SOURCES", "PAIRS", "LINK", "GAP"],
-        ([f["id"], _when(f["started"]), f["tier"], f["sources"],
-          f["pairs_moved"] if f["tier"] != "reprotection" else "-",  # it rewrote nodes
-          f["link_id"], _gap(f)] for f in page["items"]),
-        caption=page_caption(page, "failovers"),
-        no_wrap=2,
-    )  # fmt: skip
-
-
-def _hop_ms(hop: dict[str, Any]) -> str:
-    if hop["ms"] is not None:
-        return f"{hop['ms']:.3f}"
-    return "clocks differ" if hop["clocks_differ"] else "-"
-
-
-def _after(hops: list[dict[str, Any]], hop: dict[str, Any]) -> str | None:
-    return None if hop["after"] is None else f"{hop['after']} {hops[hop['after']]['step']}"
-
-
-def _reprotected(shown: dict[str, Any]) -> str:
-    ms = shown.get("reprotected_ms")
-    if ms is None:
-        return "not recorded"
-    return f"{ms:.1f} ms after pathcomp heard of it ({shown['reprotected_nodes']} nodes rewritten)"
-
-
-@failovers_app.command("show")
-def failovers_show(
-    ctx: typer.Context,
-    failover_id: Annotated[str, typer.Argument(metavar="ID", help="A failover's (trace) id.")],
-) -> None:
-    """One failover: every hop with its latency and whose clock read it, and what moved."""
-    state = _state(ctx)
-    shown: dict[str, Any] = state.health.get(f"/failovers/{quote(failover_id, safe='')}")
-    if state.out.data(shown):
-        return
-    out = state.out
-    out.fields(
-        [
-            ("id", shown["id"]),
-            ("started", f"{_when(shown['started'])} ({shown['started_clock']}'s clock)"),
-            ("tier", shown["tier"]),
-            ("link", shown.get("link_id")),
-            ("reason", shown["reason"]),
-            ("pairs moved", shown["pairs_moved"]),
-            ("gap", _gap(shown)),
-            ("re-protected", _reprotected(shown)),
-            ("RC budget", _budget_line(shown)),
-        ],
-        title=f"Failover {shown['id']}",
-    )
-    hops: list[dict[str, Any]] = shown["hops"]
-    if hops:
-        out.line()
-        out.table(
-            ["#", "STEP", "AT", "CLOCK", "+MS", "AFTER"],
-            ([i, h["step"], _when(h["at"], "%H:%M:%S.%f"), h["clock"], _hop_ms(h), _after(hops, h)]
-             for i, h in enumerate(hops)),
-            caption="+MS: since the hop it followed, only when one clock read both",
-            no_wrap=3,
-        )  # fmt: skip
-    out.line()
-    out.table(
-        ["NODE", "PEERS", "FROM", "TO", "TIER", "KERNEL MS"],
-        ([m["node"], m["peers"], m["from_colour"], m["to_colour"], m["tier"],
-          f"{m['kernel_ms']:.3f}"] for m in shown["moved"]),
-    )  # fmt: skip
-    verdicts: list[dict[str, Any]] = shown.get("rc_budget") or []
-    if verdicts:
-        out.line()
-        out.table(
-            ["TENANT", "NCCL_IB_TIMEOUT", "RETRY_CNT", "STATUS", "VERDICT"],
-            ([v["tenant"], _declared(v["budget"], "nccl_ib_timeout"),
-              _declared(v["budget"], "nccl_ib_retry_cnt"), v["status"], v["summary"]]
-             for v in verdicts),
-            caption="each tenant whose pairs it moved, against its RC budget; (default): not"
-            " declared, NCCL's default applies",
-        )  # fmt: skip
-
-
-_SEVERITY = ["unmeasured", "within_one_timeout", "retransmits", "exceeds_retry_budget"]
-
-
-def _budget_line(shown: dict[str, Any]) -> str:
-    """One line on the verdicts: how many tenants, and the worst status among them."""
-    verdicts: list[dict[str, Any]] = shown.get("rc_budget") or []
-    if shown["tier"] == "reprotection":
-        return "- (moved no pair)"
-    if not verdicts:
-        return "no tenant's workloads on the pairs it moved"
-    worst = max((v["status"] for v in verdicts), key=_SEVERITY.index)
-    return f"{len(verdicts)} tenant(s), worst: {worst} (below)"
-
-
-def _declared(budget: dict[str, Any], key: str) -> str:
-    """A budget value, marked when it is NCCL's default rather than declared."""
-    return f"{budget[key]}" if budget[f"{key}_declared"] else f"{budget[key]} (default)"
-
-
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
-
-
-@failovers_app.command("budget")
-def failovers_budget(
-    ctx: typer.Context,
-    tenant: Annotated[
-        str | None, typer.Argument(help="One tenant (default: every tenant).", show_default=False)
-    ] = None,
-    since: Annotated[
-        str | None,
-        typer.Option("--since", help="Failovers started after: 15m, 2h, 7d ago, or ISO 8601."),
-    ] = None,
-    failovers: Annotated[
-        int | None,
-        typer.Option("--failovers", min=1, max=10_000, help="At most this many, the newest."),
-    ] = None,
-) -> None:
-    """Each tenant's RC budget against the failovers that touched it (default: the last 7
-    days): p50, p99, and a warning when the budget is tighter than the p99."""
-    state = _state(ctx)
-    params: dict[str, Any] = {"since": since_value(since), "failovers": failovers}
-    if tenant is not None:
-        items = [state.health.get(f"/failovers/budget/{quote(tenant, safe='')}", **params)]
-        shown: Any = items[0]
-    else:
-        shown = _page(state, "/failovers/budget", None, None, True, api=state.health, **params)
-        items = shown["items"]
-    if state.out.data(shown):
-        return
-    state.out.table(
-        ["TENANT", "NCCL_IB_TIMEOUT", "RETRY_CNT", "RC TIMEOUT MS", "FAILOVERS", "MEASURED",
-         "P50 MS", "P99 MS", "STATUS"],
-        ([s["tenant"], _declared(s["budget"], "nccl_ib_timeout"),
-          _declared(s["budget"], "nccl_ib_retry_cnt"), f"{s['budget']['rc_timeout_ms']:.3f}",
-          s["failovers"], s["measured"], _ms(s["p50_ms"]), _ms(s["p99_ms"]), s["status"]]
-         for s in items),
-        caption="(default): not declared, NCCL's default applies",
-    )  # fmt: skip
-    for s in items:
-        state.out.line(f"{s['tenant']}: {s['summary']}")
-    for s in items:
-        if s["warning"]:
-            state.out.warn(f"{s['tenant']}: {s['warning']}")
-
-
-# --- tenants -----------------------------------------------------------------------------------
-
-
-def _tenant_rows(t: dict[str, Any]) -> list[Any]:
-    budget = t["rc_budget"]
-    return [t["name"], _declared(budget, "nccl_ib_timeout"),
-            _declared(budget, "nccl_ib_retry_cnt"), f"{budget['rc_timeout_ms']:.3f}",
-            f"{budget['retry_budget_ms']:.3f}", t["description"]]  # fmt: skip
-
-
-_TENANT_COLUMNS = [
-    "NAME", "NCCL_IB_TIMEOUT", "RETRY_CNT", "RC TIMEOUT MS", "RETRY BUDGET MS", "DESCRIPTION"
-]  # fmt: skip
-
-
-@tenants_app.command("list")
-def tenants_list(
-    ctx: typer.Context, limit: Limit = None, offset: Offset = None, everything: All = False
-) -> None:
-    """Tenants with the RC budget of their jobs ((default): not declared, NCCL's)."""
-    state = _state(ctx)
-    page = _page(state, "/tenants", limit, offset, everything)
-    if state.out.data(page):
-        return
-    state.out.table(
-        _TENANT_COLUMNS, (_tenant_rows(t) for t in page["items"]),
-        caption=page_caption(page, "tenants"),
-    )  # fmt: skip
-
-
-@tenants_app.command("show")
-def tenants_show(ctx: typer.Context, name: Annotated[str, typer.Argument()]) -> None:
-    """One tenant and its RC budget."""
-    state = _state(ctx)
-    shown: dict[str, Any] = state.client.get(f"/tenants/{quote(name, safe='')}")
-    if not state.out.data(shown):
-        _show_tenant(state.out, shown)
-
-
-def _show_tenant(out: Out, t: dict[str, Any]) -> None:
-    budget = t["rc_budget"]
-    out.fields(
-        [
-            ("description", t["description"]),
-            ("NCCL_IB_TIMEOUT", _declared(budget, "nccl_ib_timeout")),
-            ("NCCL_IB_RETRY_CNT", _declared(budget, "nccl_ib_retry_cnt")),
-            ("one RC timeout", f"{budget['rc_timeout_ms']:.3f} ms"),
-            ("last retransmission", f"{budget['last_retransmission_ms']:.3f} ms after a loss"),
-            ("retry budget", f"{budget['retry_budget_ms']:.3f} ms (then IBV_WC_RETRY_EXC_ERR)"),
-        ],
-        title=f"Tenant {t['name']}",
-    )
-
-
-def budget_value(raw: str | None, option: str) -> int | str | None:
-    """--timeout / --retry-cnt: a whole number, or `default` (undeclared: NCCL's default).
-    None: not given. The server checks the range and names the field."""
-    if raw is None:
-        return None
-    text = raw.strip().lower()
-    if text == "default":
-        return "default"
-    if not _INT.fullmatch(text):
-        raise typer.BadParameter(f"'{raw}' is not a whole number or 'default'", param_hint=option)
-    return int(text)
-
-
-@tenants_app.command("budget")
-def tenants_budget(
-    ctx: typer.Context,
-    name: Annotated[str, typer.Argument()],
-    timeout: Annotated[
-        str | None,
-        typer.Option("--timeout", metavar="N|default", help="NCCL_IB_TIMEOUT of its jobs, 1-31."),
-    ] = None,
-    retry_cnt: Annotated[
-        str | None,
-        typer.Option("--retry-cnt", metavar="N|default", help="NCCL_IB_RETRY_CNT, 0-7."),
-    ] = None,
-) -> None:
-    """Declare the NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT a tenant's jobs run with (admin role);
-    `default` returns one to undeclared (NCCL's default)."""
-    state = _state(ctx)
-    body: dict[str, Any] = {}
-    for key, raw, option in (
-        ("nccl_ib_timeout", timeout, "--timeout"),
-        ("nccl_ib_retry_cnt", retry_cnt, "--retry-cnt"),
-    ):
-        value = budget_value(raw, option)
-        if value is not None:
-            body[key] = None if value == "default" else value
-    if not body:
-        raise typer.BadParameter("give --timeout, --retry-cnt or both", param_hint="--timeout")
-    shown: dict[str, Any] = state.client.patch(f"/tenants/{quote(name, safe='')}", body)
-    if not state.out.data(shown):
-        _show_tenant(state.out, shown)
 
 
 # --- tokens and audit ------------------------------------------------------------------------
@@ -1304,8 +901,8 @@ def tenants_budget(
 @tokens_app.command("list")
 def tokens_list(ctx: typer.Context) -> None:
     """List tokens (never their secrets)."""
-    state = _state(ctx)
-    page = _page(state, "/tokens", None, None, True)
+    state = state_of(ctx)
+    page = fetch_page(state, "/tokens", None, None, True)
     if state.out.data(page):
         return
     tokens: list[dict[str, Any]] = page["items"]
@@ -1323,7 +920,7 @@ def tokens_create(
     role: Annotated[TokenRole, typer.Option("--role", "-r", case_sensitive=False)],
 ) -> None:
     """Create a token and print its secret: the only time it is shown."""
-    state = _state(ctx)
+    state = state_of(ctx)
     created: dict[str, Any] = state.client.post(
         "/tokens", json_body={"name": name, "role": role.value}
     )
@@ -1341,7 +938,7 @@ def tokens_create(
 @tokens_app.command("revoke")
 def tokens_revoke(ctx: typer.Context, name: Annotated[str, typer.Argument()]) -> None:
     """Revoke a token: it stops working at once."""
-    state = _state(ctx)
+    state = state_of(ctx)
     result = state.client.delete(f"/tokens/{quote(name, safe='')}")
     if not state.out.data(result):
         state.out.line(f"Revoked token '{name}'.")
@@ -1359,8 +956,8 @@ def audit(
     everything: All = False,
 ) -> None:
     """The audit log, newest first (operator role)."""
-    state = _state(ctx)
-    page = _page(state, "/audit", limit, offset, everything, actor=actor, action=action)
+    state = state_of(ctx)
+    page = fetch_page(state, "/audit", limit, offset, everything, actor=actor, action=action)
     if state.out.data(page):
         return
     state.out.table(
@@ -1385,3 +982,6 @@ def audit(
 def _short(detail: dict[str, Any], width: int = 60) -> str:
     text = ", ".join(f"{k}={v}" for k, v in detail.items())
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+app.command("paths")(paths)  # defined with the plan commands (cli/paths.py)

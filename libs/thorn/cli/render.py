@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from enum import StrEnum
 from typing import Any
 
@@ -129,6 +130,11 @@ class Out:
             self.console.print(Text(caption, style="dim"), soft_wrap=True)
 
 
+def spinner(out: Out, message: str) -> AbstractContextManager[object]:
+    """A spinner on stderr while a long request runs (only on a terminal)."""
+    return out.err.status(message) if out.stderr_is_terminal else nullcontext()
+
+
 def page_caption(page: dict[str, Any], noun: str) -> str | None:
     """'showing 101-200 of 340 nodes' when a page is not the whole list, else None."""
     shown = len(page["items"])
@@ -142,3 +148,8 @@ def page_caption(page: dict[str, Any], noun: str) -> str | None:
         return f"nothing at offset {offset}; {total} {noun} in all"
     hint = " (--all for every one, or --offset)"
     return f"showing {offset + 1}-{offset + shown} of {total} {noun}{hint}"
+
+
+def declared(budget: dict[str, Any], key: str) -> str:
+    """An RC budget value, marked when it is NCCL's default rather than declared."""
+    return f"{budget[key]}" if budget[f"{key}_declared"] else f"{budget[key]} (default)"

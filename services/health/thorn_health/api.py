@@ -104,6 +104,12 @@ class SessionOut(BaseModel):
     diag: int
     detected_at: datetime
     link_id: int | None = Field(description="the link a single-hop session watches")
+    tx_interval_ms: float | None = Field(
+        None, description="negotiated transmit interval (RFC 5880 6.8.7), before jitter"
+    )
+    detect_time_ms: float | None = Field(
+        None, description="negotiated detection time (6.8.4): the peer silent this long is Down"
+    )
 
 
 def _link_out(service: HealthService, link_id: int) -> LinkHealthOut:

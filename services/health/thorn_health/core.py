@@ -74,6 +74,8 @@ class Session:
     diag: int
     detected_at: datetime
     link_id: int | None
+    tx_interval_ms: float | None = None  # negotiated, as the agent last reported
+    detect_time_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +266,7 @@ class HealthCore:
         link_id = self.by_port.get((node, item.port)) if single and item.port else None
         self.sessions[(node, item.local, item.peer, item.port)] = Session(
             node, item.local, item.peer, item.port, item.multihop, item.state, item.diag,
-            item.detected_at, link_id,
+            item.detected_at, link_id, item.tx_interval_ms, item.detect_time_ms,
         )  # fmt: skip
         if not single:
             out.applied += 1  # a path's session: kept, changes no link

@@ -37,7 +37,7 @@ from prometheus_client import Counter
 
 from thorn.desired import ColourName
 from thorn.events import BfdReport
-from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, State
+from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, SessionStatus, State
 from thorn_programmer.intent import HostIntent, Intent
 
 log = structlog.get_logger("thorn.programmer.bfd")
@@ -142,6 +142,17 @@ class SessionRunner(Protocol):
 
     def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None: ...
 
+    def sessions(self) -> list[SessionStatus]: ...
+
+
+# After Up, the Poll sequences that leave BFD's slow start (RFC 5880 6.8.3: at least 1 s
+# between packets while not Up) are over by then: the timers are restated once settled.
+TIMERS_SETTLE_S = 3.0
+
+
+def _ms(us: int) -> float | None:
+    return us / 1000 if us else None
+
 
 class Discriminators:
     """Local discriminators unique within one manager (RFC 5880 §6.8.1: nonzero)."""
@@ -228,6 +239,7 @@ class BfdSessions:
         self.states: dict[int, State] = {}
         self._by_disc: dict[int, WantedSession] = {}
         self._lock = asyncio.Lock()
+        self._restating: set[asyncio.Task[None]] = set()
 
     def owns(self, discriminator: int) -> bool:
         return discriminator in self._by_disc
@@ -330,7 +342,45 @@ class BfdSessions:
         return frozenset(k for k in self.sessions if not k.multihop and k.ifname not in repointed)
 
     async def close(self) -> None:
+        for task in self._restating:
+            task.cancel()
         await self.update(None)
+
+    def _restate_timers_later(self, key: WantedSession, event: BfdEvent) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not on the agent's loop (a caller outside the agent)
+        task = loop.create_task(self._restate_timers(key, event), name=f"bfd-timers-{self.node}")
+        self._restating.add(task)
+        task.add_done_callback(self._restating.discard)
+
+    async def _restate_timers(self, key: WantedSession, up: BfdEvent) -> None:
+        """Report the timers a session settled on after its Up (the same Up, restated), so
+        health shows the negotiated ones, not slow start's."""
+        await asyncio.sleep(TIMERS_SETTLE_S)
+        disc = up.local_discriminator
+        if self.states.get(disc) is not State.UP or self._by_disc.get(disc) != key:
+            return  # it went down again (that change was reported) or went away
+        try:
+            found = await asyncio.to_thread(self.manager.sessions)
+        except Exception as exc:  # the BFD child restarting: the next Up restates them
+            log.warning("bfd_timers_unread", node=self.node, peer=key.peer, error=str(exc))
+            return
+        now = next((st for st in found if st.local_discriminator == disc), None)
+        if now is None or now.state is not State.UP or self.states.get(disc) is not State.UP:
+            return
+        if (now.tx_interval_us, now.detection_time_us) == (
+            up.tx_interval_us, up.detection_time_us):  # fmt: skip
+            return
+        self.report(
+            BfdReport(
+                local=key.local or key.ifname or "any", peer=key.peer, port=key.ifname,
+                multihop=key.multihop, state="up", diag=int(now.diag), detected_at=up.wall,
+                tx_interval_ms=_ms(now.tx_interval_us),
+                detect_time_ms=_ms(now.detection_time_us),
+            )
+        )  # fmt: skip
 
     def event(self, event: BfdEvent) -> None:
         key = self._by_disc.get(event.local_discriminator)
@@ -349,8 +399,12 @@ class BfdSessions:
                 state="admin_down" if withdrawn else _STATE_NAMES[event.new],
                 diag=int(event.diag),
                 detected_at=event.wall,
+                tx_interval_ms=_ms(event.tx_interval_us),
+                detect_time_ms=_ms(event.detection_time_us),
             )
         )
+        if event.new is State.UP:
+            self._restate_timers_later(key, event)
         failed = event.old is State.UP and event.new is State.DOWN and not withdrawn
         # A Down the runtime found long after it was due: this process stalled (no packet
         # sent or read meanwhile), which the repair's log must say.

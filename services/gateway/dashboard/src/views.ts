@@ -233,8 +233,10 @@ async function linkDetail(ctx: Ctx, panel: HTMLElement, id: number): Promise<voi
           ms(e.detection_latency_ms), e.duration_s === null || e.duration_s === undefined
             ? "ongoing" : `${e.duration_s.toFixed(2)} s`])) : h("p", { class: "hint" }, "None recorded."),
       h("h3", {}, "BFD sessions"),
-      own.length ? table(["node", "local → peer", "state", "diag", "multihop"], own.map((s) => [
-        s.node, `${s.local} → ${s.peer}`, badge(s.state), s.diag, s.multihop ? "yes" : "no"]))
+      own.length ? table(["node", "local → peer", "state", "diag", "timers (negotiated)"],
+        own.map((s) => [s.node, `${s.local} → ${s.peer}`, badge(s.state), s.diag,
+          s.tx_interval_ms ? `${s.tx_interval_ms} ms × ${Math.round((s.detect_time_ms ?? 0) /
+            s.tx_interval_ms)}, detects in ${s.detect_time_ms} ms` : "-"]))
         : h("p", { class: "hint" }, "No agent reports a BFD session on this link."));
   });
 }

@@ -122,6 +122,10 @@ class BfdEvent:
     # How late the runtime ran the timer behind this change (a detection time expiry): a
     # Down found long after it was due says this process stalled, not only the path.
     timer_late_ms: float = 0.0
+    # The session's negotiated timers at the change (§6.8.7 transmit interval before
+    # jitter, §6.8.4 detection time); 0 while nothing was heard from the peer.
+    tx_interval_us: int = 0
+    detection_time_us: int = 0
     # How much later a detection time expiry came for this runtime's own stalls excused
     # to the session (`BfdManager._excuse_own_stall`): 0 outside a lab.
     excused_ms: float = 0.0
@@ -717,6 +721,8 @@ class BfdManager:
             wall=datetime.fromtimestamp(wall, UTC),
             remote_state=entry.session.remote_state,
             timer_late_ms=round(self._late * 1000, 3),
+            tx_interval_us=entry.session.tx_interval_us,
+            detection_time_us=entry.session.detection_time_us,
             excused_ms=round(entry.session.excused_s * 1000, 3)
             if change.diag is Diag.CONTROL_DETECTION_TIME_EXPIRED
             else 0.0,
