@@ -27,6 +27,7 @@ from pydantic import (
 FABRIC_FORMAT: Literal["thorn.fabric/v1"] = "thorn.fabric/v1"
 
 # A DNS-label-like name: safe in URLs, CLI arguments, Linux netns names and log lines.
+NAME_MAX = 63
 Name = Annotated[
     str,
     StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"),

@@ -32,7 +32,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from thorn.fabric import Fabric
-from thorn.lab.names import port_ifname, representor_ifname
+from thorn.ifnames import port_ifname, representor_ifname
 from thorn.model import Link
 from thorn.observed import HeardNeighbour, NodeObservation
 

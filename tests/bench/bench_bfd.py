@@ -295,8 +295,8 @@ def measure_detection(
     GIL with the BFD thread; `switch_s`: the interpreter's switch interval meanwhile); with
     `process`, the manager runs in a child process (BfdProcess). Down events that no cut
     caused are counted as false detections."""
-    from thorn.lab import bpf
-    from thorn.lab.rtnl import Rtnl
+    from thorn_lab import bpf
+    from thorn_lab.rtnl import Rtnl
     from thorn_programmer.bfd import BfdEvent, BfdManager, BfdProcess, SessionConfig, State
 
     pair = Pair()

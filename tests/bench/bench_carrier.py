@@ -32,10 +32,10 @@ from rich.progress import Progress
 from thorn.bus import Bus
 from thorn.events import AgentReport, AgentReportReply, CarrierReport
 from thorn.generators import leaf_spine
-from thorn.lab import build
-from thorn.lab.handle import Lab
-from thorn.lab.rtnl import Rtnl
 from thorn.natsd import EmbeddedNats
+from thorn_lab import build
+from thorn_lab.handle import Lab
+from thorn_lab.rtnl import Rtnl
 from thorn_programmer.reports import Reporter
 
 MARK_BEGIN = "<!-- bench:carrier:begin -->"

@@ -24,8 +24,7 @@ from rich.progress import Progress
 from sections import markdown_table, print_results, write_section
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "support"))
-sys.path.insert(0, str(Path(__file__).parents[1] / "browser"))
-from conftest import CHROMIUM, click_element
+from browser_page import CHROMIUM, click_element
 from thorn_stack import Stack, run_stack
 
 MARK_BEGIN = "<!-- bench-dashboard:begin -->"

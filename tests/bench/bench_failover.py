@@ -3,7 +3,7 @@
 One list of random single failures (carrier loss at either end of a fabric link, a silent
 drop of a link, or a whole spine) is drawn from the seed, then every system is measured
 against that same list, one after another, each on a fresh lab of the same fabric (2 spines,
-4 leaves, 8 single-homed hosts, `thorn.lab.build.up`), with the same traffic and the same
+4 leaves, 8 single-homed hosts, `thorn_lab.build.up`), with the same traffic and the same
 meter (`--systems` picks which, in which order):
 
 - ``thorn``: the whole system as `make run` runs it: `thorn-run` itself in a subprocess
@@ -18,7 +18,7 @@ meter (`--systems` picks which, in which order):
 
 For each failure, every host streams to 3 peers at 1 kHz (one of the three RoCE-shaped, UDP
 4791; all 24 from one process, `traffic.StreamGroup`); 0.5 s after they started, the
-failure is injected (`thorn.lab.faults`, unchanged for every system), restored 1 s later,
+failure is injected (`thorn_lab.faults`, unchanged for every system), restored 1 s later,
 and 0.6 s after that every stream is stopped together, so each flow sees the whole failure.
 Then the system settles: THORN's agents have applied their latest state and every BFD
 session is Up; FRR has every BGP session Established, every BFD peer up and every TEP route
@@ -77,10 +77,10 @@ from thorn_system import STEPS, hop_breakdown, thorn_run
 
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
-from thorn.lab import build, faults, traffic
-from thorn.lab.handle import Lab
 from thorn.model import FabricDocument
 from thorn.telemetry import configure_logging
+from thorn_lab import build, faults, traffic
+from thorn_lab.handle import Lab
 
 BEGIN, END = "<!-- bench:failover:begin -->", "<!-- bench:failover:end -->"
 KINDS = ("carrier", "drop", "switch")

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import click_element, screenshot, sign_in
+from browser_page import click_element, screenshot, sign_in
 from playwright.sync_api import Page, expect
 from thorn_stack import Stack
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import click_element, screenshot, sign_in
+from browser_page import click_element, screenshot, sign_in
 from playwright.sync_api import Page, expect
 from thorn_stack import Stack
 

@@ -684,6 +684,26 @@ def test_dockerignore_keeps_local_state_out_and_build_inputs_in() -> None:
         assert not is_dockerignored(needed, patterns), f"{needed} is excluded from the build"
 
 
+def test_the_images_do_not_ship_the_lab_or_the_launcher() -> None:
+    """Production images: the services and thornctl, not the development tools."""
+    patterns = dockerignore_patterns()
+    for tool in ("libs/thorn_lab/build.py", "libs/thorn_run/launcher.py"):
+        assert is_dockerignored(tool, patterns), f"{tool} would be installed in the images"
+    for shipped in ("libs/thorn/bus.py", "libs/thornctl/main.py"):
+        assert not is_dockerignored(shipped, patterns), shipped
+
+
+def test_no_service_needs_the_lab_or_the_launcher_to_import() -> None:
+    """Only the programmer's lab mode reaches for the lab, inside a function that says what
+    is missing when it is not installed."""
+    for path in [*(ROOT / "services").rglob("*.py"), *(ROOT / "libs" / "thorn").rglob("*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:  # module level only: what importing the service runs
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])  # fmt: skip
+            assert not any(n.split(".")[0] in ("thorn_lab", "thorn_run") for n in names), path
+
+
 def test_the_gateway_image_serves_the_dashboard_built_from_its_sources() -> None:
     stages = {s.name: s for s in parse_dockerfile(ROOT / "deploy" / "Dockerfile")}
     built = stages["dashboard"]

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from thorn import netns
 from thorn.generators import leaf_spine
-from thorn.lab import build, netns
-from thorn.lab.handle import Lab
 from thorn.model import FabricDocument
+from thorn_lab import build
+from thorn_lab.handle import Lab
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 OURS = re.compile(r"^(tf[0-9a-f]{8})-")

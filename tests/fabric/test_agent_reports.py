@@ -19,8 +19,8 @@ from nats.aio.subscription import Subscription
 
 from thorn.bus import Bus
 from thorn.events import AgentReport, AgentReportReply, CarrierReport, CountersReport
-from thorn.lab import faults
-from thorn.lab.handle import Lab
+from thorn_lab import faults
+from thorn_lab.handle import Lab
 from thorn_programmer.reports import Reporter
 
 pytestmark = pytest.mark.skipif(

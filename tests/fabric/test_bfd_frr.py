@@ -2,7 +2,7 @@
 another, joined by a veth (us0 10.77.0.1 <-> frr0 10.77.0.2; loopbacks 10.78.0.1/.2 routed
 over it for multihop).
 
-Proves, with the recipe of ARCHITECTURE.md ("Facts measured"): sessions come Up whoever starts
+Proves, with the recipe in docs/bfd.md: sessions come Up whoever starts
 first and stay Up (no slow-start flaps); timers are negotiated as RFC 5880 says, seen from both
 ends (FRR's `show bfd peers json` and our `sessions()`); a cut is detected by us within
 multiplier x interval and a stopped bfdd too; FRR detects our failure the same way; AdminDown
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from thorn.lab import bpf
-from thorn.lab.rtnl import Rtnl
+from thorn_lab import bpf
+from thorn_lab.rtnl import Rtnl
 from thorn_programmer.bfd import BfdEvent, BfdManager, Diag, SessionConfig, State
 
 BFDD = Path("/usr/lib/frr/bfdd")

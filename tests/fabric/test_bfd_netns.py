@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from thorn.lab.rtnl import Rtnl
+from thorn_lab.rtnl import Rtnl
 from thorn_programmer.bfd import BfdEvent, BfdManager, Diag, SessionConfig, State
 
 

@@ -23,7 +23,7 @@ from fabric_system import System, nats, nats_server, running_system
 from pydantic import SecretStr
 
 from thorn.generators import leaf_spine
-from thorn.lab.handle import Lab
+from thorn_lab.handle import Lab
 from thorn_topology.app import create_app as topology_app
 
 __all__ = ["nats", "nats_server"]  # fixtures, used by name

@@ -34,10 +34,10 @@ from fabric_system import BFD_MS, BFD_MULT, System, flow_on_red, nats, nats_serv
 
 from thorn.auth import hash_token
 from thorn.events import FailoverEvent
-from thorn.lab import faults
 from thorn.model import TokenRole
 from thorn.store.health import FailureQuery
 from thorn_health.app import create_app as health_app
+from thorn_lab import faults
 from thorn_programmer.app import create_app as programmer_app
 
 __all__ = ["nats", "nats_server", "system"]  # the fixtures, used by name

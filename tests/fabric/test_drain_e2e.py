@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from fabric_controller import Controller, controller, stream
 
 from thorn.events import TopologyChanged
-from thorn.lab import traffic
+from thorn_lab import traffic
 from thorn_pathcomp.drains import DrainReport
 
 __all__ = ["controller"]  # the fixture, used by name

@@ -22,9 +22,9 @@ import pytest
 from fabric_system import System, flows, outside_gap, running_system
 
 from thorn.generators import leaf_spine
-from thorn.lab import faults
-from thorn.lab.handle import Lab
 from thorn.natsd import EmbeddedNats
+from thorn_lab import faults
+from thorn_lab.handle import Lab
 
 GAP_MS = 500  # carrier reports -> health -> urgent flips: tens of ms by design (idle: 25-72)
 

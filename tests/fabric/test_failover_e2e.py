@@ -19,7 +19,7 @@ from thorn.events import (
     LinkHealthChanged,
     TopologyChanged,
 )
-from thorn.lab import faults, traffic
+from thorn_lab import faults, traffic
 
 __all__ = ["controller"]  # the fixture, used by name
 

@@ -32,8 +32,8 @@ from fabric_system import (
     watch_colour,
 )
 
-from thorn.lab import faults, traffic
-from thorn.lab.handle import Lab
+from thorn_lab import faults, traffic
+from thorn_lab.handle import Lab
 
 __all__ = ["nats", "nats_server", "system"]  # the fixtures, used by name
 

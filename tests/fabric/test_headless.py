@@ -1,7 +1,7 @@
 """Headless (issue 10): the controller dies under traffic, and the data plane does not notice.
 
 health and pathcomp run as real processes, started the way `thorn-run` starts them
-(`thorn.launcher`), and are killed with SIGKILL: no shutdown of any kind. The nats-server
+(`thorn_run.launcher`), and are killed with SIGKILL: no shutdown of any kind. The nats-server
 is the module's own (`EmbeddedNats`), killed with SIGKILL too and started again on its port
 with its JetStream store. The programmer serves every node of a `leaf_spine(2, 3, 2)` lab in
 this process, with real BFD (tests/support/fabric_system.py), so that its kernel changes can
@@ -29,13 +29,13 @@ import pytest
 from fabric_controller import stream
 from fabric_system import System, flows, outside_gap, running_system, warm
 
-from thorn import launcher
 from thorn.config import Settings
 from thorn.generators import leaf_spine
-from thorn.lab import faults
-from thorn.lab.handle import Lab
 from thorn.natsd import EmbeddedNats, free_port
+from thorn_lab import faults
+from thorn_lab.handle import Lab
 from thorn_pathcomp.plan import Plan
+from thorn_run import launcher
 
 ADMIN_GAP_MS, SILENT_GAP_MS = 500, 750  # as in test_failover_scenarios.py
 START_S = 60.0

@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import pytest
 
+from thorn import netns
 from thorn.generators import leaf_spine
-from thorn.lab import build, names, netns, state
-from thorn.lab.handle import Lab
-from thorn.lab.status import collect
+from thorn_lab import build, names, state
+from thorn_lab.handle import Lab
+from thorn_lab.status import collect
 
 
 def _ip(*args: str) -> str:

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from thorn.lab import build, faults
-from thorn.lab.handle import Lab, UnknownName
-from thorn.lab.rtnl import set_admin_at_once
-from thorn.lab.status import EndStatus, collect
+from thorn_lab import build, faults
+from thorn_lab.handle import Lab, UnknownName
+from thorn_lab.rtnl import set_admin_at_once
+from thorn_lab.status import EndStatus, collect
 
 PROBES = 2000
 

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import pytest
 from typer.testing import CliRunner, Result
 
-from thorn.cli.main import app
-from thorn.lab import build, netns
+from thorn import netns
+from thorn_lab import build
+from thornctl.main import app
 
 
 @pytest.fixture

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from thorn.lab import faults, traffic
-from thorn.lab.handle import Lab
-from thorn.lab.packets import Kind
+from thorn_lab import faults, traffic
+from thorn_lab.handle import Lab
+from thorn_lab.packets import Kind
 
 PATH = [("host1", "eth1"), ("leaf1", "swp3"), ("spine1", "swp2"), ("leaf2", "swp1")]
 CUT_S = 0.3

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from thorn.lab import netns
-from thorn.lab.rtnl import Rtnl
+from thorn import netns
+from thorn_lab.rtnl import Rtnl
 from thorn_programmer.monitor import (
     LinkEvent,
     LinkMonitor,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from thorn.desired import Backup, Route, SwitchState
-from thorn.lab.netns import run_in_netns
+from thorn.netns import run_in_netns
 from thorn_programmer.bfd import BfdManager, EventQueue, SessionConfig, State
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers.netlink import NetlinkDatapath

@@ -48,7 +48,7 @@ from thorn.model import AdminState, LinkUpdate, TokenRole
 from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
-from thorn_pathcomp.desired import HOST_STAGE, DesiredStates, diff
+from thorn_pathcomp.node_documents import HOST_STAGE, DesiredStates, diff
 from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.service import Deposed, PathService
 

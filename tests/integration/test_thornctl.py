@@ -34,8 +34,6 @@ from standin_agents import StandInAgents
 from typer.testing import CliRunner, Result
 
 from thorn.bus import Bus
-from thorn.cli.context import since_value
-from thorn.cli.main import app
 from thorn.config import Settings
 from thorn.events import (
     STREAM_FAILOVER,
@@ -52,6 +50,8 @@ from thorn_gateway.app import create_app as gateway_app
 from thorn_health.app import create_app as health_app
 from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app
+from thornctl.context import since_value
+from thornctl.main import app
 
 ADMIN = "thn_thornctl-test-admin"
 THORNCTL = Path(sys.executable).with_name("thornctl")

@@ -26,8 +26,8 @@ from thorn_rdma import (
     report,
 )
 
-from thorn.lab import build, faults
-from thorn.lab.handle import Lab
+from thorn_lab import build, faults
+from thorn_lab.handle import Lab
 
 STATIC_PREFIX = "lanestatic"
 # A static path never recovers: stuck this long is ~40x the QP's retry budget (537 ms), and

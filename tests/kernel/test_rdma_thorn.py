@@ -36,8 +36,8 @@ from thorn_rdma import (
 )
 from thorn_system import RunningThorn, logs_tail, thorn_run
 
-from thorn.lab import faults
 from thorn.rdma.probe import ProbeResult
+from thorn_lab import faults
 
 THORN_PREFIX = "lanethorn"
 # The guest is emulated (TCG): 10 ms timers would flap there. 30 ms x 3 still finds a

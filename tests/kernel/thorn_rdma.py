@@ -14,7 +14,7 @@ workloads' VFs move from their namespaces into the guest's root namespace, as `v
 
 The RC traffic is `thornctl rdma probe` (pyverbs): 6,000 RDMA WRITEs of 1 KiB, 16 in flight,
 with NCCL-like QP settings (timeout 14: 67 ms per retry, retry 7). A failure is injected with
-the lab's own faults (`thorn.lab.faults`) on the leaf1 uplink that carries the transfer,
+the lab's own faults (`thorn_lab.faults`) on the leaf1 uplink that carries the transfer,
 found from the uplinks' counters mid-transfer.
 """
 
@@ -33,9 +33,9 @@ from netlab import Batch, Workload, ip, tx_packets, wait_oper_up
 from roce import root_namespace_endpoints
 
 from thorn.generators import leaf_spine
-from thorn.lab.handle import Lab
 from thorn.model import FabricDocument
 from thorn.rdma.probe import ProbeResult, ProbeSettings
+from thorn_lab.handle import Lab
 
 FABRIC: FabricDocument = leaf_spine(2, 2, 1)
 SRC, DST = "host1-vf0", "host2-vf0"  # host1 (leaf1) -> host2 (leaf2)

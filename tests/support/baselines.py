@@ -15,7 +15,7 @@ differ only in how the switches route the TEP /32s:
     flows); BFD 10 ms x 3 on every BGP session (profile ``fast``); the hidden ``no zebra
     nexthop kernel enable`` (8.4 restores ECMP routes wrongly through kernel nexthop
     objects). Each leaf holds a kernel route to its own hosts' TEPs and redistributes it.
-    Daemons are started and stopped as ARCHITECTURE.md's recipe says (pid files,
+    Daemons are started and stopped as docs/bfd.md's recipe says (pid files,
     ``-N NAME``, up to 5 s to stop). bfdd runs at SCHED_FIFO like THORN's BFD child unless
     ``bfdd_realtime=False``. `problems` says what keeps it from converged.
 
@@ -28,7 +28,7 @@ differ only in how the switches route the TEP /32s:
     flow's gap is the whole time the failure is held plus what Linux takes to forward again
     after the restore (the link's operstate, re-resolving the neighbour).
 
-The lab's faults (`thorn.lab.faults`) act on veth admin state and tc ingress filters, so
+The lab's faults (`thorn_lab.faults`) act on veth admin state and tc ingress filters, so
 they apply to both unchanged. Layouts other than a two-tier leaf-spine with single-homed
 hosts are refused (`LayoutError`).
 """
@@ -47,10 +47,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from thorn.lab import netns
-from thorn.lab.handle import Lab
-from thorn.lab.plan import EndPlan, NamespaceKind
+from thorn import netns
 from thorn.model import Colour
+from thorn_lab.blueprint import EndPlan, NamespaceKind
+from thorn_lab.handle import Lab
 from thorn_programmer.bfd.process import RT_PRIORITY as BFD_RT_PRIORITY
 
 __all__ = ["Frr", "Layout", "LayoutError", "NotConverged", "Static"]

@@ -23,10 +23,10 @@ from thorn.desired import node_key
 from thorn.events import AGENT_APPLIED_ALL, DESIRED_STATE_KV, DatapathApplied
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
-from thorn.lab import traffic
-from thorn.lab.handle import Lab
 from thorn.store import Store
 from thorn.store.store import sqlite_url
+from thorn_lab import traffic
+from thorn_lab.handle import Lab
 from thorn_pathcomp.service import PathService
 from thorn_programmer.agent import NodeAgent
 from thorn_programmer.drivers import open_driver

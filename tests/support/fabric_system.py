@@ -39,13 +39,13 @@ from thorn.desired import node_key
 from thorn.events import FAILOVER_ALL, HEALTH_LINK_ALL, FailoverEvent, LinkHealthChanged
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
-from thorn.lab import faults, traffic
-from thorn.lab.handle import Lab
 from thorn.model import FabricDocument
 from thorn.natsd import EmbeddedNats
 from thorn.store import Store
 from thorn.store.store import sqlite_url
 from thorn_health.app import create_app as health_app
+from thorn_lab import faults, traffic
+from thorn_lab.handle import Lab
 from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.service import PathService

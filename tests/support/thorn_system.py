@@ -34,11 +34,11 @@ from thorn.bus import Bus, CaughtUp
 from thorn.desired import node_key
 from thorn.events import AGENT_APPLIED_ALL, DatapathApplied
 from thorn.fabric import Fabric
-from thorn.lab.handle import Lab
 from thorn.model import FabricDocument
 from thorn.natsd import free_port
 from thorn.store import Store
 from thorn.store.store import sqlite_url
+from thorn_lab.handle import Lab
 
 START_TIMEOUT_S = 180.0  # the lab build and every service's start, on a loaded 2-core machine
 # One answer from a service or NATS: generous, since under emulation (the kernel lane) a

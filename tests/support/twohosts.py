@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from thorn.desired import ColourName
-from thorn.lab.netns import run_in_netns
+from thorn.netns import run_in_netns
 from thorn_programmer.intent import HostIntent, LocalWorkload, Peer, UnderlayRoute
 
 VNI = 1000

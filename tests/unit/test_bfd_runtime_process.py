@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from thorn.lab.traffic import SENDER_RT_PRIORITY
+from thorn_lab.traffic import SENDER_RT_PRIORITY
 from thorn_programmer.bfd import BfdEvent, BfdManager, BfdProcess, Diag, SessionConfig, State
 from thorn_programmer.bfd.process import RT_PRIORITY
 

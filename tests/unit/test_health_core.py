@@ -9,7 +9,7 @@ from typing import Any, Literal
 import pytest
 
 from thorn.events import AgentReport, BfdReport, CarrierReport, CountersReport
-from thorn.store.health import (
+from thorn.health_records import (
     FailureClosed,
     FailureOpened,
     FailureWorsened,

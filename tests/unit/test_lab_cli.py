@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner, Result
 
-from thorn.cli.main import app
 from thorn.generators import leaf_spine
-from thorn.lab import names, state
-from thorn.lab.plan import plan_lab
+from thorn_lab import names, state
+from thorn_lab.blueprint import plan_lab
+from thornctl.main import app
 
 
 @pytest.fixture(autouse=True)

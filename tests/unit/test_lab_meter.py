@@ -8,10 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from thorn.lab import bpf
-from thorn.lab.meter import Meter, unwrap_psn
-from thorn.lab.packets import PSN_MODULUS, Kind, decode, encode_into, min_size
-from thorn.lab.traffic import StreamSpec
+from thorn_lab import bpf
+from thorn_lab.meter import Meter, unwrap_psn
+from thorn_lab.packets import PSN_MODULUS, Kind, decode, encode_into, min_size
+from thorn_lab.traffic import StreamSpec
 
 MS = 1_000_000
 

@@ -24,8 +24,8 @@ from thorn.fabric import Fabric
 from thorn.generators import dual_plane, fat_tree, leaf_spine, rail_optimized
 from thorn.model import FabricDocument
 from thorn_pathcomp.backups import local_repair, routing
-from thorn_pathcomp.desired import DesiredStates
 from thorn_pathcomp.graph import FabricGraph
+from thorn_pathcomp.node_documents import DesiredStates
 from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.trees import HOST, Colour, GroupTrees
 

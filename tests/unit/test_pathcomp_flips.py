@@ -11,8 +11,8 @@ import pytest
 from thorn.fabric import Fabric
 from thorn.generators import fat_tree, leaf_spine
 from thorn.model import FabricDocument
-from thorn_pathcomp.desired import DesiredStates
 from thorn_pathcomp.flips import link_flips
+from thorn_pathcomp.node_documents import DesiredStates
 from thorn_pathcomp.plan import Plan
 
 FABRICS: dict[str, FabricDocument] = {

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from thorn import launcher
 from thorn.config import Settings
-from thorn.launcher import StopFlag, Supervised, bfd_note, describe_exit, restart_summary
 from thorn.supervisor import RestartPolicy, Supervisor
+from thorn_run import launcher
+from thorn_run.launcher import StopFlag, Supervised, bfd_note, describe_exit, restart_summary
 
 POLICY = RestartPolicy(first_delay=0.2, max_delay=10.0, stable_after=30.0, crash_loop_after=5)
 

@@ -13,7 +13,6 @@ of the traces on the page is read, so a trace is always shown whole.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,52 +21,10 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from thorn.health_records import FailoverQuery, FailoverRecord, HopRecord
 from thorn.store.schema import HealthFailoverRow
 
 _UNIQUE = ("stream_seq", "node", "at")
-
-
-@dataclass(frozen=True, slots=True)
-class HopRecord:
-    """One hop of a trace: a step, when it happened, and whose clock read that time."""
-
-    step: str
-    at: datetime
-    clock: str
-
-
-@dataclass(frozen=True, slots=True)
-class FailoverRecord:
-    """One stored FailoverEvent. `trace_id` is the event's trace id, or an id of its own for
-    an event without a trace (`traced` false); `started_at` is its first hop (or `at`)."""
-
-    stream_seq: int
-    trace_id: str
-    traced: bool
-    node: str
-    tier: str
-    from_colour: str | None
-    to_colour: str
-    peers: tuple[str, ...]
-    reason: str
-    link_id: int | None
-    kernel_ms: float
-    at: datetime
-    started_at: datetime
-    hops: tuple[HopRecord, ...] = field(default=())
-
-
-@dataclass(frozen=True, slots=True)
-class FailoverQuery:
-    """Filters on the rows; a trace matches when any of its rows does."""
-
-    node: str | None = None
-    tier: str | None = None
-    link_id: int | None = None
-    since: datetime | None = None  # started at or after
-    until: datetime | None = None  # started before
-    limit: int = 100
-    offset: int = 0
 
 
 def _utc(value: datetime) -> datetime:
@@ -177,3 +134,13 @@ async def read_trace(conn: AsyncConnection, trace_id: str) -> list[FailoverRecor
     t = HealthFailoverRow
     rows = (await conn.execute(select(t).where(t.trace_id == trace_id).order_by(t.id))).mappings()
     return [_record(r) for r in rows]
+
+
+__all__ = [
+    "FailoverQuery",
+    "FailoverRecord",
+    "HopRecord",
+    "read_failover_page",
+    "read_trace",
+    "write_failovers",
+]

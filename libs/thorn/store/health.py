@@ -1,32 +1,35 @@
 """Health's part of the store: each link's machine (so a restart starts where it left off)
-and the failure history.
+and the failure history, as SQL.
 
-The health core says what happened as a list of records (`LinkStateRecord`,
-`FailureOpened`, `FailureWorsened`, `FailureClosed`, `LinkForgotten`); `Store.record_health`
+The records are plain values (`thorn.health_records`, re-exported here); `Store.record_health`
 writes a batch of them in one transaction, in order. A link has at most one open failure
 (`ended_at` null), so the later records find it by link id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy import delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from thorn.health_records import (
+    FAILURE_STATES,
+    SOURCE_KINDS,
+    Failure,
+    FailureClosed,
+    FailureOpened,
+    FailureQuery,
+    FailureWorsened,
+    HealthRecord,
+    LinkForgotten,
+    LinkStateRecord,
+    SourceKind,
+    source_kind,
+)
 from thorn.store.schema import HealthFailureRow, HealthLinkRow
-
-SourceKind = Literal["carrier", "bfd", "counters", "dampening", "drain", "topology"]
-SOURCE_KINDS: tuple[str, ...] = ("carrier", "bfd", "counters", "dampening", "drain", "topology")
-FAILURE_STATES: tuple[str, ...] = ("degraded", "down", "flapping")
-
-
-def source_kind(source: str) -> str:
-    """`carrier:leaf1:swp3` -> `carrier`; `dampening` -> `dampening`."""
-    return source.partition(":")[0]
 
 
 def _utc(value: datetime | None) -> datetime | None:
@@ -34,93 +37,6 @@ def _utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-@dataclass(frozen=True, slots=True)
-class LinkStateRecord:
-    """One link's health machine as it stands (see `thorn_health.linkstate.LinkSnapshot`)."""
-
-    link_id: int
-    state: str | None
-    sources: Mapping[str, bool]
-    loss: float
-    drained: bool
-    suppressed: bool
-    penalty: float
-    penalty_at: float
-    changed_at: datetime | None
-
-
-@dataclass(frozen=True, slots=True)
-class FailureOpened:
-    link_id: int
-    a_node: str
-    a_port: str
-    b_node: str
-    b_port: str
-    state: str
-    source: str
-    started_at: datetime  # the agent's detection time (or health's, for dampening)
-    detected_at: datetime | None  # when the agent saw it (kernel event, BFD state change)
-    received_at: datetime  # when health received the report
-    detection_latency_ms: float | None  # received_at - detected_at
-
-
-@dataclass(frozen=True, slots=True)
-class FailureWorsened:
-    link_id: int
-    state: str
-
-
-@dataclass(frozen=True, slots=True)
-class FailureClosed:
-    link_id: int
-    ended_at: datetime
-    source: str
-
-
-@dataclass(frozen=True, slots=True)
-class LinkForgotten:
-    """The link left the topology: its machine is dropped (its history stays)."""
-
-    link_id: int
-
-
-HealthRecord = LinkStateRecord | FailureOpened | FailureWorsened | FailureClosed | LinkForgotten
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """A row of the failure history."""
-
-    id: int
-    link_id: int
-    a_node: str
-    a_port: str
-    b_node: str
-    b_port: str
-    state: str
-    source: str
-    source_kind: str
-    started_at: datetime
-    detected_at: datetime | None
-    received_at: datetime
-    detection_latency_ms: float | None
-    ended_at: datetime | None
-    end_source: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class FailureQuery:
-    link_id: int | None = None
-    node: str | None = None
-    source_kind: str | None = None
-    state: str | None = None
-    open: bool | None = None
-    since: datetime | None = None  # started at or after
-    until: datetime | None = None  # started before
-    limit: int = 100
-    offset: int = 0
 
 
 # --- inside one transaction ----------------------------------------------------------------
@@ -258,3 +174,21 @@ async def read_failures(conn: AsyncConnection, q: FailureQuery) -> tuple[int, li
         for r in rows
     ]
     return int(total), failures
+
+
+__all__ = [
+    "FAILURE_STATES",
+    "SOURCE_KINDS",
+    "Failure",
+    "FailureClosed",
+    "FailureOpened",
+    "FailureQuery",
+    "FailureWorsened",
+    "HealthRecord",
+    "LinkForgotten",
+    "LinkStateRecord",
+    "SourceKind",
+    "read_states",
+    "source_kind",
+    "write_records",
+]

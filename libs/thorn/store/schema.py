@@ -27,7 +27,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-NAME = 63
+from thorn.model import NAME_MAX
+
+NAME = NAME_MAX  # thorn.model.Name
 PORT = 64
 ADDR = 64  # the longest IPv6 interface text, with prefix
 

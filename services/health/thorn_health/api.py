@@ -14,10 +14,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from thorn.auth import Viewer
 from thorn.fabric import NotFound
+from thorn.health_records import FailoverQuery, Failure, FailureQuery
 from thorn.model import PortRef
 from thorn.rcbudget import RcVerdict, Tenancy, TenantBudgetSummary
-from thorn.store.failovers import FailoverQuery
-from thorn.store.health import Failure, FailureQuery
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
 from thorn_health.budget import failover_verdicts
 from thorn_health.failovers import Timeline, timeline

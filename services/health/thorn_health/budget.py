@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client import Gauge
 
+from thorn.health_records import FailoverRecord
 from thorn.rcbudget import (
     BudgetStatus,
     Move,
@@ -23,7 +24,6 @@ from thorn.rcbudget import (
     summarise,
     verdict,
 )
-from thorn.store.failovers import FailoverRecord
 from thorn_health.failovers import REPROTECTION, Timeline, timeline
 
 RC_TIMEOUT = Gauge(

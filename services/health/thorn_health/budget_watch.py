@@ -15,9 +15,9 @@ from datetime import UTC, datetime, timedelta
 
 import structlog
 
+from thorn.health_records import FailoverQuery
 from thorn.rcbudget import Tenancy, TenantBudgetSummary
 from thorn.store import Store
-from thorn.store.failovers import FailoverQuery
 from thorn_health.budget import export_metrics, summaries_of_traces
 
 log = structlog.get_logger("thorn.health.budget")

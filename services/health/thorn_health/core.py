@@ -21,8 +21,7 @@ from datetime import UTC, datetime
 
 from thorn.events import AgentReport, BfdReport, CarrierReport, CountersReport
 from thorn.fabric import Fabric
-from thorn.model import AdminState
-from thorn.store.health import (
+from thorn.health_records import (
     FailureClosed,
     FailureOpened,
     FailureWorsened,
@@ -30,6 +29,7 @@ from thorn.store.health import (
     LinkForgotten,
     LinkStateRecord,
 )
+from thorn.model import AdminState
 from thorn_health.linkstate import HealthConfig, LinkHealth, LinkSnapshot, LinkState, Transition
 
 # States that make a failure (a row of history) and how bad each is.

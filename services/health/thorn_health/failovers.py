@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from thorn.events import FailoverEvent
-from thorn.store.failovers import FailoverRecord, HopRecord
-from thorn.store.schema import NAME
+from thorn.health_records import FailoverRecord, HopRecord
+from thorn.model import NAME_MAX as NAME
 
 REASON_MAX = 500
 COLOUR_MAX = 16

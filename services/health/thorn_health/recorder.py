@@ -23,8 +23,8 @@ from sqlalchemy.exc import DataError, IntegrityError
 
 from thorn.bus import Bus, Delivery, DurableConsumer
 from thorn.events import FAILOVER_ALL, STREAM_FAILOVER, EventDecodeError, FailoverEvent
+from thorn.health_records import FailoverRecord
 from thorn.store import Store
-from thorn.store.failovers import FailoverRecord
 from thorn_health.failovers import MalformedFailover, record_of
 
 log = structlog.get_logger("thorn.health.failovers")

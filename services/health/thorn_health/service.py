@@ -40,9 +40,9 @@ from thorn.events import (
     Trace,
     new_trace_id,
 )
+from thorn.health_records import HealthRecord, LinkStateRecord
 from thorn.rcbudget import Tenancy
 from thorn.store import Store
-from thorn.store.health import HealthRecord, LinkStateRecord
 from thorn_health.budget_watch import BudgetWatch
 from thorn_health.core import HealthCore, LinkEnds, Origin, Outcome, links_of
 from thorn_health.linkstate import HealthConfig, Transition

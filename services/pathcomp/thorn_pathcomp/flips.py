@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from thorn.desired import ColourName
-from thorn_pathcomp.desired import DesiredStates
 from thorn_pathcomp.graph import Group, SwitchId
+from thorn_pathcomp.node_documents import DesiredStates
 from thorn_pathcomp.trees import HOST, Colour, GroupTrees
 
 __all__ = ["Flip", "link_flips"]

@@ -38,9 +38,9 @@ from thorn.fabric import Fabric
 from thorn.model import AdminState, Role
 from thorn.store import Store
 from thorn_pathcomp.acks import AgentAcks
-from thorn_pathcomp.desired import HOST_STAGE, DesiredStates, NodeChange, diff
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
 from thorn_pathcomp.flips import link_flips
+from thorn_pathcomp.node_documents import HOST_STAGE, DesiredStates, NodeChange, diff
 from thorn_pathcomp.plan import Plan, PlanUpdate
 
 log = structlog.get_logger("thorn.pathcomp")

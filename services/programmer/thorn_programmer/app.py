@@ -70,7 +70,13 @@ def nodes_to_serve(settings: Settings) -> list[tuple[str, str | None]]:
     """(node, namespace) pairs: the lab's nodes (or, with THORN_NODE_NAME too, that one lab
     node: one process per node, as in production), or this machine's node."""
     if settings.lab:
-        from thorn.lab.handle import Lab, LabNotFound
+        try:  # the lab is a development tool: production images do not ship it
+            from thorn_lab.handle import Lab, LabNotFound
+        except ImportError:
+            raise ConfigurationError(
+                f"programmer: THORN_LAB={settings.lab!r} needs the fabric lab (thorn_lab), "
+                "which this installation does not have: set THORN_NODE_NAME instead"
+            ) from None
 
         try:
             lab = Lab.open(settings.lab)

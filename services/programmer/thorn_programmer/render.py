@@ -3,7 +3,7 @@
 Three renderings of the same semantics:
 - `switch_objects`: a Linux switch routes each (host, colour) TEP prefix along its tree, with
   the route's loop-free backup beside it at a higher metric (the kernel falls back to it);
-- `flower_objects`: the production host datapath (ARCHITECTURE.md "Data plane"): one external
+- `flower_objects`: the production host datapath (docs/datapath.md): one external
   VXLAN device, flower encap rules on each representor bound to one shared tunnel_key
   action per (peer host, VNI), flower decap rules on the tunnel device;
 - `emulation_objects`: the same behaviour from what kernels without flower have: a VXLAN

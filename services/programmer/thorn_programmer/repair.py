@@ -1,5 +1,5 @@
-"""Switch-local repair on BFD: tier 1 of ARCHITECTURE.md "Failure detection and the critical
-path", for the failures the kernel cannot see.
+"""Switch-local repair on BFD: tier 1 of docs/detection.md ("Failover tiers as built"), for
+the failures the kernel cannot see.
 
 Carrier loss and admin down need no agent: the kernel skips or deletes the primary route and
 uses the backup installed beside it (drivers/switch.py). A silent failure (carrier up,

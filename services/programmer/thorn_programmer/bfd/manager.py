@@ -19,8 +19,8 @@ A session may be *armed* (`arm`) with prebuilt netlink messages: a switch's sing
 session carries the route deletes that leave its port's protected primaries to their
 backups. When the session goes from Up to Down (not on the peer's AdminDown), the runtime
 sends them itself, before it emits the event: the repair costs the detection time and one
-sendmsg, whatever the agent's loop is doing (tier 1 of ARCHITECTURE.md; the agent then
-records it and makes its own rendering agree, repair.py).
+sendmsg, whatever the agent's loop is doing (tier 1 in docs/detection.md, "Failover tiers as
+built"; the agent then records it and makes its own rendering agree, repair.py).
 
 Whatever may block runs on a second thread, `_Effects`, never on the timers' thread: the
 armed withdraws (a route delete waits for the RTNL lock, which a link going down elsewhere
@@ -58,7 +58,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from thorn.lab.netns import entered
+from thorn.netns import entered
 from thorn.watchdog import StallWatchdog
 from thorn_programmer.bfd import transport
 from thorn_programmer.bfd.codec import ControlPacket, DecodeError, Diag, Refusal, State, decode

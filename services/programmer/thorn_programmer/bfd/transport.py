@@ -11,7 +11,7 @@ Two kinds of socket, both non-blocking:
   SO_BINDTODEVICE.
 
 A socket belongs to the network namespace of the thread that created it; the manager creates
-them inside the session's namespace (see `thorn.lab.netns.entered`).
+them inside the session's namespace (see `thorn.netns.entered`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The host flower driver: the production datapath (ARCHITECTURE.md, "Data plane").
+"""The host flower driver: the production datapath (docs/datapath.md).
 
 - encap, on each representor's ingress: `flower dst_mac <peer workload>` -> the shared
   `tunnel_key set` action of (peer host, VNI) -> `mirred egress redirect dev thorn-vx`;

@@ -32,7 +32,7 @@ from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
 
 from thorn.desired import TEP_LABEL
 from thorn.events import OffloadReport
-from thorn.lab.netns import run_in_netns
+from thorn.netns import run_in_netns
 from thorn_programmer import u32
 from thorn_programmer.drivers.reads import (
     dump_addresses_message,

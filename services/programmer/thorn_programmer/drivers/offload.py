@@ -38,7 +38,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from thorn.desired import OffloadName
 from thorn.events import OffloadReport
-from thorn.lab.netns import run_in_netns
+from thorn.netns import run_in_netns
 from thorn_programmer.drivers.routes import asciiz, dump_links_message, parse_link
 from thorn_programmer.kernel import PROBE_INDEX, PROBE_PRIO, VXLAN_PORT
 from thorn_programmer.netlink import (

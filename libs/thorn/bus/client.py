@@ -1,0 +1,428 @@
+"""The bus: one NATS connection with JetStream, speaking THORN's typed events (publish,
+subscribe, request), making sure the streams and buckets exist, and handing out durable
+consumers and the desired-state KV."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from types import TracebackType
+from typing import Any, Literal, Self, TypeVar, overload
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext, api
+from nats.js.kv import KeyValue
+from pydantic import BaseModel
+
+from thorn.bus.consumer import DurableConsumer
+from thorn.bus.errors import (
+    _ERR_STREAM_NAME_IN_USE,
+    BusConnectError,
+    PublishError,
+    StreamConfigError,
+)
+from thorn.bus.kv import DesiredStateStore
+from thorn.bus.metrics import (
+    ASYNC_ERRORS,
+    DECODE_ERRORS,
+    DISCONNECTS,
+    HANDLER_ERRORS,
+    PUBLISH_ERRORS,
+    RECONNECTS,
+)
+from thorn.events import (
+    DESIRED_STATE_KV,
+    STREAMS,
+    Event,
+    EventDecodeError,
+    KeyValueSpec,
+    StreamSpec,
+    decode,
+    encode,
+    stream_for_subject,
+)
+
+log = structlog.get_logger("thorn.bus")
+
+E = TypeVar("E", bound=Event)
+M = TypeVar("M", bound=BaseModel)
+Handler = Callable[[E], Awaitable[None]]
+
+
+class Bus:
+    """One NATS connection with JetStream, speaking THORN's typed events."""
+
+    def __init__(self, nc: NatsClient, name: str, publish_timeout: float) -> None:
+        self._nc = nc
+        self._js: JetStreamContext = nc.jetstream(timeout=publish_timeout)
+        self.name = name
+        self.publish_timeout = publish_timeout
+        self._connected = asyncio.Event()
+        self._connected.set()
+        self._closing = False
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str | Sequence[str],
+        *,
+        name: str = "thorn",
+        connect_timeout: float = 10.0,
+        reconnect_time_wait: float = 0.25,
+        publish_timeout: float = 5.0,
+        ping_interval: float = 20.0,
+    ) -> Bus:
+        """Connect to NATS at `url` (one URL or several of a cluster).
+
+        The first connection must succeed within `connect_timeout` (else `BusConnectError`);
+        afterwards the client reconnects forever, `reconnect_time_wait` seconds apart.
+        """
+        servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+        holder: list[Bus] = []
+        nc = NatsClient()
+
+        async def on_disconnected() -> None:
+            if holder and holder[0]._closing:
+                return  # our own close(), not an outage
+            DISCONNECTS.labels(name).inc()
+            if holder:
+                holder[0]._connected.clear()
+            log.warning("nats_disconnected", connection=name)
+
+        async def on_reconnected() -> None:
+            RECONNECTS.labels(name).inc()
+            if holder:
+                holder[0]._connected.set()
+            url_now = nc.connected_url.netloc if nc.connected_url else None
+            log.info("nats_reconnected", connection=name, server=url_now)
+
+        async def on_error(exc: Exception) -> None:
+            ASYNC_ERRORS.labels(name).inc()
+            log.warning("nats_error", connection=name, error=f"{type(exc).__name__}: {exc}")
+
+        async def on_closed() -> None:
+            log.info("nats_closed", connection=name)
+
+        # reconnect_time_wait/ping_interval are typed int upstream but used as float seconds.
+        options: dict[str, Any] = {
+            "servers": servers,
+            "name": name,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,
+            "reconnect_time_wait": reconnect_time_wait,
+            "connect_timeout": min(2.0, connect_timeout),
+            "ping_interval": ping_interval,
+            "max_outstanding_pings": 3,
+            "disconnected_cb": on_disconnected,
+            "reconnected_cb": on_reconnected,
+            "error_cb": on_error,
+            "closed_cb": on_closed,
+        }
+        try:
+            async with asyncio.timeout(connect_timeout):
+                await nc.connect(**options)
+        except TimeoutError as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            raise BusConnectError(
+                f"could not connect to NATS at {', '.join(servers)} within {connect_timeout:g} s"
+            ) from exc
+        bus = cls(nc, name, publish_timeout)
+        holder.append(bus)
+        server = nc.connected_url.netloc if nc.connected_url else None
+        log.info("nats_connected", connection=name, server=server)
+        return bus
+
+    # -------------------------------------------------------------------------------- state
+
+    @property
+    def nc(self) -> NatsClient:
+        """The underlying nats-py client, for what the bus does not wrap."""
+        return self._nc
+
+    @property
+    def js(self) -> JetStreamContext:
+        return self._js
+
+    @property
+    def is_connected(self) -> bool:
+        return bool(self._nc.is_connected)
+
+    async def wait_connected(self) -> None:
+        """Wait until the connection is up (again). Bound it with `asyncio.timeout`."""
+        while not self._nc.is_connected:
+            self._connected.clear()
+            await self._connected.wait()
+
+    async def flush(self) -> None:
+        """Round-trip to the server: everything sent before has been processed by it."""
+        await self._nc.flush()
+
+    async def close(self) -> None:
+        """Flush what is pending and close the connection. Safe to call twice."""
+        self._closing = True
+        if not self._nc.is_closed:
+            await self._nc.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------- streams and buckets
+
+    async def ensure_streams(
+        self,
+        streams: Sequence[StreamSpec] = STREAMS,
+        *,
+        kv: Sequence[KeyValueSpec] = (DESIRED_STATE_KV,),
+        replicas: int = 1,
+    ) -> None:
+        """Create each stream and KV bucket, or update it to the spec. Idempotent."""
+        for spec in streams:
+            await self._ensure_stream(spec, replicas)
+        for kv_spec in kv:
+            await self._ensure_kv(kv_spec, replicas)
+
+    async def _ensure_stream(self, spec: StreamSpec, replicas: int) -> None:
+        config = api.StreamConfig(
+            name=spec.name,
+            description=spec.description,
+            subjects=list(spec.subjects),
+            retention=api.RetentionPolicy.LIMITS,
+            max_age=spec.max_age,
+            max_bytes=spec.max_bytes,
+            storage=api.StorageType(spec.storage),
+            discard=api.DiscardPolicy.OLD,
+            duplicate_window=spec.duplicate_window,
+            num_replicas=replicas,
+        )
+        try:
+            await self._js.stream_info(spec.name)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_stream(config)
+            log.info("stream_created", stream=spec.name, subjects=list(spec.subjects))
+            return
+        try:
+            await self._js.update_stream(config)
+        except nats.js.errors.APIError as exc:
+            raise StreamConfigError(f"stream {spec.name} cannot be updated: {exc}") from exc
+
+    async def _ensure_kv(self, spec: KeyValueSpec, replicas: int) -> KeyValue:
+        config = api.KeyValueConfig(
+            bucket=spec.bucket,
+            description=spec.description,
+            history=spec.history,
+            max_value_size=spec.max_value_size,
+            max_bytes=spec.max_bytes,
+            storage=api.StorageType(spec.storage),
+            replicas=replicas,
+        )
+        try:
+            return await self._js.create_key_value(config)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code != _ERR_STREAM_NAME_IN_USE:
+                raise
+        # The bucket exists with other settings: bring the limits in line with the spec.
+        kv = await self._js.key_value(spec.bucket)
+        info = await self._js.stream_info(f"KV_{spec.bucket}")
+        current = info.config
+        current.description = spec.description
+        current.max_msgs_per_subject = spec.history
+        current.max_msg_size = spec.max_value_size
+        current.max_bytes = spec.max_bytes
+        try:
+            await self._js.update_stream(current)
+        except nats.js.errors.APIError as exc:
+            raise StreamConfigError(f"KV bucket {spec.bucket} cannot be updated: {exc}") from exc
+        return kv
+
+    # ------------------------------------------------------------------------------- publish
+
+    async def publish(
+        self, event: Event, *, msg_id: str | None = None, ack_timeout: float | None = None
+    ) -> int | None:
+        """Publish an event on its subject.
+
+        A subject stored by a THORN stream goes through JetStream and waits for the stream's
+        acknowledgement: the return value is the stream sequence. Other subjects (agent
+        reports) are core NATS fire-and-forget: returns None. `msg_id` sets `Nats-Msg-Id`, so
+        a retried publish is stored once within the stream's duplicate window. `ack_timeout`
+        (default: the bus's `publish_timeout`) bounds the wait for the stream's acknowledgement.
+        Raises `PublishError` (counted in `thorn_bus_publish_errors_total`).
+        """
+        subject = event.subject
+        payload = encode(event)
+        headers = {api.Header.MSG_ID.value: msg_id} if msg_id else None
+        spec = stream_for_subject(subject)
+        try:
+            if spec is None:
+                await self._nc.publish(subject, payload, headers=headers)
+                return None
+            ack = await self._js.publish(
+                subject,
+                payload,
+                timeout=ack_timeout if ack_timeout is not None else self.publish_timeout,
+                stream=spec.name,
+                headers=headers,
+            )
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            PUBLISH_ERRORS.labels(self.name).inc()
+            log.warning(
+                "publish_failed",
+                connection=self.name,
+                subject=subject,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            raise PublishError(subject, exc) from exc
+        seq: int = ack.seq
+        return seq
+
+    async def request(self, event: Event, *, reply_within: float = 1.0) -> bytes:
+        """Send an event as a core-NATS request and return the raw reply (the caller knows
+        the reply's model). Raises `PublishError` when nobody answers in `reply_within` s
+        or the connection fails."""
+        subject = event.subject
+        # nats-py waits with asyncio.wait_for, which on Python 3.11 can swallow a cancel that
+        # lands as the reply arrives: the caller would never stop. Shielded, the request runs
+        # to its end (reply or timeout) in a task of its own, and a cancel reaches the caller.
+        request = asyncio.ensure_future(
+            self._nc.request(subject, encode(event), timeout=reply_within)
+        )
+        try:
+            msg = await asyncio.shield(request)
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+        except (nats.errors.Error, TimeoutError, OSError) as exc:
+            PUBLISH_ERRORS.labels(self.name).inc()
+            raise PublishError(subject, exc) from exc
+        return msg.data
+
+    # ----------------------------------------------------------------------------- subscribe
+
+    @overload
+    async def subscribe(
+        self,
+        subject: str,
+        handler: Handler[Event],
+        *,
+        queue: str = "",
+        on_decode_error: Callable[[EventDecodeError], Awaitable[None]] | None = None,
+    ) -> Subscription: ...
+
+    @overload
+    async def subscribe(
+        self,
+        subject: str,
+        handler: Handler[E],
+        *,
+        model: type[E],
+        queue: str = "",
+        on_decode_error: Callable[[EventDecodeError], Awaitable[None]] | None = None,
+    ) -> Subscription: ...
+
+    async def subscribe(
+        self,
+        subject: str,
+        handler: Handler[Any],
+        *,
+        model: type[Event] | None = None,
+        queue: str = "",
+        on_decode_error: Callable[[EventDecodeError], Awaitable[None]] | None = None,
+    ) -> Subscription:
+        """Core-NATS subscription delivering typed events to `handler`.
+
+        Each message is decoded by its subject (`thorn.events.decode`); with `model`, an event
+        of another type is a decode error too. A message that does not decode is logged,
+        counted and passed to `on_decode_error` if given; the handler never sees it. A handler
+        that raises is logged and counted; the subscription carries on.
+        """
+        name = self.name
+
+        async def deliver(msg: Msg) -> None:
+            try:
+                event = decode(msg.subject, msg.data)
+                if model is not None and not isinstance(event, model):
+                    raise EventDecodeError(
+                        msg.subject, f"expected {model.__name__}, got {type(event).__name__}"
+                    )
+            except EventDecodeError as exc:
+                DECODE_ERRORS.labels(name).inc()
+                log.warning(
+                    "event_decode_failed", connection=name, subject=msg.subject, error=str(exc)
+                )
+                if on_decode_error is not None:
+                    await on_decode_error(exc)
+                return
+            try:
+                await handler(event)
+            except Exception:
+                HANDLER_ERRORS.labels(name).inc()
+                log.exception("event_handler_failed", connection=name, subject=msg.subject)
+
+        return await self._nc.subscribe(subject, queue=queue, cb=deliver)
+
+    # ------------------------------------------------------------------------ durable (pull)
+
+    async def durable_consumer(
+        self,
+        stream: str | StreamSpec,
+        durable: str,
+        *,
+        filter_subject: str | None = None,
+        deliver_policy: Literal["all", "new", "last", "last_per_subject"] = "all",
+        ack_wait: float = 30.0,
+        max_deliver: int = -1,
+        max_ack_pending: int = 1000,
+    ) -> DurableConsumer:
+        """A JetStream durable pull consumer, created or updated to these settings (idempotent).
+
+        Consumers of the same durable name share its position: a restarted service resumes
+        where it acknowledged last.
+        """
+        stream_name = stream.name if isinstance(stream, StreamSpec) else stream
+        config = api.ConsumerConfig(
+            name=durable,
+            durable_name=durable,
+            deliver_policy=api.DeliverPolicy(deliver_policy),
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            max_ack_pending=max_ack_pending,
+            filter_subject=filter_subject,
+        )
+        await self._js.add_consumer(stream_name, config)
+        sub = await self._js.pull_subscribe_bind(durable=durable, stream=stream_name)
+        return DurableConsumer(self, stream_name, durable, sub)
+
+    # ------------------------------------------------------------------------ desired state
+
+    async def last(self, stream: StreamSpec, subject: str, model: type[E]) -> E | None:
+        """The last event stored on `subject` in `stream` (None: none, or no such stream)."""
+        try:
+            message = await self._js.get_last_msg(stream.name, subject)
+        except (nats.js.errors.NotFoundError, nats.errors.TimeoutError):
+            return None
+        return model.model_validate_json(message.data or b"")
+
+    async def desired_state(self, spec: KeyValueSpec = DESIRED_STATE_KV) -> DesiredStateStore:
+        """The per-node desired-state bucket (created from `spec` if it does not exist)."""
+        try:
+            kv = await self._js.key_value(spec.bucket)
+        except nats.js.errors.BucketNotFoundError:
+            kv = await self._ensure_kv(spec, replicas=1)
+        return DesiredStateStore(kv, spec.bucket)

@@ -1,0 +1,209 @@
+"""The desired-state KV: one key per node, written by pathcomp with compare-and-set
+(revision fencing) and watched by each node's agent."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Literal, Self, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from pydantic import BaseModel
+
+from thorn.bus.errors import _ERR_WRONG_LAST_SEQUENCE, DesiredStateConflict
+
+log = structlog.get_logger("thorn.bus")
+
+M = TypeVar("M", bound=BaseModel)
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredStateEntry:
+    """One node's desired state at `revision` (the KV stream sequence).
+
+    `value` is None for a delete/purge. `initial` is True for entries a watch delivered as part
+    of its starting snapshot, False for live updates and plain `get`s.
+    """
+
+    node: str
+    value: bytes | None
+    revision: int
+    operation: Literal["put", "delete", "purge"] = "put"
+    initial: bool = False
+
+    @property
+    def deleted(self) -> bool:
+        return self.operation != "put"
+
+    def decode(self, model: type[M]) -> M:
+        """The value parsed as a pydantic model (JSON)."""
+        if self.value is None:
+            raise ValueError(f"desired state of {self.node!r} was deleted at {self.revision}")
+        return model.model_validate_json(self.value)
+
+
+@dataclass(frozen=True, slots=True)
+class CaughtUp:
+    """Watch marker: every entry of the starting snapshot has been delivered before this."""
+
+
+CAUGHT_UP = CaughtUp()
+
+
+def _as_bytes(value: bytes | BaseModel) -> bytes:
+    if isinstance(value, BaseModel):
+        return value.model_dump_json().encode()
+    return bytes(value)
+
+
+def _operation(op: str | None) -> Literal["put", "delete", "purge"]:
+    if op == KV_DEL:
+        return "delete"
+    if op == KV_PURGE:
+        return "purge"
+    return "put"
+
+
+class DesiredStateStore:
+    """Per-node desired datapath state: one key per node, a few revisions of history."""
+
+    def __init__(self, kv: KeyValue, bucket: str) -> None:
+        self._kv = kv
+        self.bucket = bucket
+
+    @property
+    def kv(self) -> KeyValue:
+        return self._kv
+
+    async def put(self, node: str, value: bytes | BaseModel) -> int:
+        """Store the node's desired state unconditionally; returns the new revision."""
+        revision: int = await self._kv.put(node, _as_bytes(value))
+        return revision
+
+    async def get(self, node: str) -> DesiredStateEntry | None:
+        """The node's current desired state, or None if it has none (never set or deleted)."""
+        try:
+            entry = await self._kv.get(node)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        assert entry.revision is not None
+        return DesiredStateEntry(node=node, value=entry.value, revision=entry.revision)
+
+    async def update(self, node: str, value: bytes | BaseModel, *, last: int) -> int:
+        """Compare-and-set: write only if the node's current revision is `last`.
+
+        `last=0` means "only if the node has no desired state yet". Returns the new revision;
+        raises `DesiredStateConflict` when someone else wrote in between.
+        """
+        try:
+            if last == 0:
+                revision: int = await self._kv.create(node, _as_bytes(value))
+            else:
+                revision = await self._kv.update(node, _as_bytes(value), last=last)
+        except nats.js.errors.KeyWrongLastSequenceError as exc:
+            raise DesiredStateConflict(node, last, exc.description or "") from exc
+        return revision
+
+    async def create(self, node: str, value: bytes | BaseModel) -> int:
+        """Write only if the node has no desired state yet (`DesiredStateConflict` otherwise)."""
+        return await self.update(node, value, last=0)
+
+    async def delete(self, node: str, *, last: int | None = None) -> None:
+        """Remove the node's desired state (optionally only if still at revision `last`)."""
+        try:
+            await self._kv.delete(node, last=last)
+        except nats.js.errors.APIError as exc:
+            if exc.err_code in _ERR_WRONG_LAST_SEQUENCE:
+                raise DesiredStateConflict(node, last or 0, exc.description or "") from exc
+            raise
+
+    async def nodes(self) -> list[str]:
+        """Nodes that currently have a desired state."""
+        try:
+            keys: list[str] = await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        return sorted(keys)
+
+    def watch(self, node: str | None = None) -> DesiredStateWatch:
+        """Watch one node's key (or all): current values, then `CAUGHT_UP`, then live updates.
+
+        ::
+
+            async with store.watch("leaf1") as watch:
+                async for item in watch:
+                    if isinstance(item, CaughtUp): ...   # snapshot complete (maybe empty)
+                    else: apply(item)                     # a DesiredStateEntry
+        """
+        return DesiredStateWatch(self._kv, node)
+
+
+class DesiredStateWatch:
+    """Async iterator of `DesiredStateEntry | CaughtUp`; also an async context manager.
+
+    The snapshot holds each matching key's latest value (keys whose latest operation is a
+    delete are left out); `CAUGHT_UP` follows it exactly once, even when it is empty; then
+    every change arrives live, deletes included. The watch starts on first use.
+    """
+
+    def __init__(self, kv: KeyValue, node: str | None) -> None:
+        self._kv = kv
+        self._keys = node if node is not None else ">"
+        self._watcher: KeyValue.KeyWatcher | None = None
+        self._caught_up = False
+        self._stopped = False
+
+    async def start(self) -> Self:
+        if self._watcher is None:
+            self._watcher = await self._kv.watch(self._keys)
+        return self
+
+    async def stop(self) -> None:
+        self._stopped = True
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            with contextlib.suppress(nats.errors.Error):
+                await watcher.stop()  # type: ignore[no-untyped-call]  # untyped upstream
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> DesiredStateEntry | CaughtUp:
+        if self._stopped:
+            raise StopAsyncIteration
+        await self.start()
+        assert self._watcher is not None
+        while True:
+            entry = await self._watcher.__anext__()  # type: ignore[no-untyped-call]
+            if entry is None:
+                if self._caught_up:
+                    continue
+                self._caught_up = True
+                return CAUGHT_UP
+            operation = _operation(entry.operation)
+            if not self._caught_up and operation != "put":
+                continue  # a deleted key is not part of the current state
+            assert entry.revision is not None
+            return DesiredStateEntry(
+                node=entry.key,
+                value=entry.value if operation == "put" else None,
+                revision=entry.revision,
+                operation=operation,
+                initial=not self._caught_up,
+            )
+
+    async def __aenter__(self) -> Self:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

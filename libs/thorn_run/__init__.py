@@ -1,0 +1,1 @@
+"""thorn-run: the whole controller on one machine (what `make run` starts)."""
