@@ -25,7 +25,7 @@ from thorn.telemetry import instrument
 from thorn.watchdog import LoopWatchdog
 from thorn_programmer.agent import AgentStatus, DriverFactory, NodeAgent
 from thorn_programmer.bfd import EventQueue
-from thorn_programmer.bfd.manager import SessionStatus
+from thorn_programmer.bfd.events import SessionStatus
 from thorn_programmer.bfd.supervised import SupervisedBfd
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver

@@ -14,14 +14,14 @@ from thorn_programmer.bfd.codec import (
     State,
     decode,
 )
-from thorn_programmer.bfd.manager import (
+from thorn_programmer.bfd.events import (
     DROP_REASONS,
     BfdEvent,
-    BfdManager,
     Counters,
     EventQueue,
     SessionStatus,
 )
+from thorn_programmer.bfd.manager import BfdManager
 from thorn_programmer.bfd.process import BfdProcess
 from thorn_programmer.bfd.session import (
     SLOW_TX_US,

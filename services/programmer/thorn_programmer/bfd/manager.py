@@ -22,7 +22,7 @@ sends them itself, before it emits the event: the repair costs the detection tim
 sendmsg, whatever the agent's loop is doing (tier 1 in docs/detection.md, "Failover tiers as
 built"; the agent then records it and makes its own rendering agree, repair.py).
 
-Whatever may block runs on a second thread, `_Effects`, never on the timers' thread: the
+Whatever may block runs on a second thread, `Effects` (effects.py), never on the timers' thread: the
 armed withdraws (a route delete waits for the RTNL lock, which a link going down elsewhere
 holds through RCU grace periods: 10-40 ms measured under the bench's load) and the events
 (`on_event` may write to a pipe its reader has not drained). A timers' thread blocked for a
@@ -31,9 +31,7 @@ detection time fails every session it runs at once.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import errno
 import heapq
 import itertools
 import os
@@ -42,46 +40,40 @@ import select
 import socket
 import threading
 import time
-import weakref
 from collections import Counter as Tally
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from queue import Empty, SimpleQueue
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import structlog
-from prometheus_client import REGISTRY
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from thorn.netns import entered
 from thorn.watchdog import StallWatchdog
 from thorn_programmer.bfd import transport
-from thorn_programmer.bfd.codec import ControlPacket, DecodeError, Diag, Refusal, State, decode
+from thorn_programmer.bfd.codec import ControlPacket, DecodeError, Diag, State, decode
+from thorn_programmer.bfd.effects import Effects
+from thorn_programmer.bfd.events import (
+    DROP_SPOOFED,
+    DROP_TTL,
+    DROP_UNKNOWN_SESSION,
+    DROP_WRONG_INTERFACE,
+    BfdEvent,
+    Counters,
+    SessionStatus,
+)
+from thorn_programmer.bfd.metrics import COLLECTOR
 from thorn_programmer.bfd.session import Send, Session, SessionConfig, StateChange
-from thorn_programmer.netlink import TcBatchError, TcSocket
 
 log = structlog.get_logger("thorn.bfd")
 
 T = TypeVar("T")
 
 # Drop reasons beyond the codec's refusals (RFC 5880 §6.8.6, RFC 5881/5883 §5).
-DROP_TTL = "ttl"
-DROP_UNKNOWN_SESSION = "unknown_session"
-DROP_SPOOFED = "spoofed"
-DROP_WRONG_INTERFACE = "wrong_interface"
-DROP_REASONS = (
-    *(r.value for r in Refusal),
-    DROP_TTL,
-    DROP_UNKNOWN_SESSION,
-    DROP_SPOOFED,
-    DROP_WRONG_INTERFACE,
-)
-
 _RECEIVE_BURST = 64  # datagrams per listener per wakeup: timers are never starved by a flood
 _DRAIN_BURST = 4096  # after a stall: what a socket's buffer holds, still bounded
 # A timer run this late counts as late (Counters.late_timers): at 10 ms x 3 a stall of the
@@ -93,78 +85,6 @@ STALL_GRACE_S = LATE_TIMER_S
 _MAX_WAIT_S = 1.0  # the loop re-checks at least this often even with nothing scheduled
 _FD_SETSIZE = 1024  # select() cannot watch descriptors above this; poll() (1 ms) then
 _COMMAND_TIMEOUT_S = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class BfdEvent:
-    """A session changed state. `remote_state` is the peer's state as last heard (AdminDown:
-    the peer withdrew the session on purpose, §6.8.16). `monotonic` is when the runtime saw
-    the change (time.monotonic(): the packet's arrival or the detection timer's expiry);
-    `wall` is the same instant in UTC."""
-
-    local_discriminator: int
-    peer: str
-    local_address: str | None
-    ifname: str | None
-    netns: str | None
-    multihop: bool
-    old: State
-    new: State
-    diag: Diag
-    monotonic: float
-    wall: datetime
-    remote_state: State
-    # What the runtime withdrew itself (an armed session gone Down): kernel routes deleted,
-    # and the time from detection to the kernel's last answer.
-    withdrawn: int = 0
-    withdrawn_ms: float | None = None
-    withdraw_errors: tuple[str, ...] = ()
-    # How late the runtime ran the timer behind this change (a detection time expiry): a
-    # Down found long after it was due says this process stalled, not only the path.
-    timer_late_ms: float = 0.0
-    # The session's negotiated timers at the change (§6.8.7 transmit interval before
-    # jitter, §6.8.4 detection time); 0 while nothing was heard from the peer.
-    tx_interval_us: int = 0
-    detection_time_us: int = 0
-    # How much later a detection time expiry came for this runtime's own stalls excused
-    # to the session (`BfdManager._excuse_own_stall`): 0 outside a lab.
-    excused_ms: float = 0.0
-
-
-@dataclass(frozen=True, slots=True)
-class SessionStatus:
-    """A snapshot of one session for status pages; intervals in microseconds."""
-
-    local_discriminator: int
-    remote_discriminator: int
-    peer: str
-    local_address: str | None
-    ifname: str | None
-    netns: str | None
-    multihop: bool
-    state: State
-    remote_state: State
-    diag: Diag
-    desired_min_tx_us: int
-    required_min_rx_us: int
-    detect_mult: int
-    tx_interval_us: int
-    detection_time_us: int
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """Totals since the manager started; `dropped` by reason, `state_changes` by new state."""
-
-    received: int
-    sent: int
-    send_errors: int
-    receive_errors: int
-    dropped: Mapping[str, int]
-    state_changes: Mapping[str, int]
-    late_timers: int = 0  # timers run over LATE_TIMER_S after they were due
-    stalls_excused: int = 0  # stalls not counted against peers in this runtime
-    max_timer_late_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,7 +188,7 @@ class BfdManager:
         self._draining: set[_Entry] = set()
         self._listeners: dict[_ListenerKey, _Listener] = {}
         self._by_fd: dict[int, _Listener] = {}
-        self._effects = _Effects(on_event, name)
+        self._effects = Effects(on_event, name)
         self._heap: list[tuple[float, int, _Entry]] = []
         self._seq = itertools.count()
         self._commands: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
@@ -287,7 +207,7 @@ class BfdManager:
         self._late = 0.0  # how late the timer being run now is
         self._dropped: Tally[str] = Tally()
         self._changes: Tally[str] = Tally()
-        _COLLECTOR.managers.add(self)
+        COLLECTOR.managers.add(self)
 
     # ---------------------------------------------------------------------------------------
     # Public API (any thread)
@@ -753,173 +673,3 @@ class BfdManager:
                 return
             if future.set_running_or_notify_cancel():
                 future.set_exception(RuntimeError("BfdManager is closed"))
-
-
-class _Effects:
-    """The runtime's effects, in the order the sessions made them, on a thread of their own:
-    an armed session's withdraw (then its event says what the kernel did), then each event
-    to `on_event`. The timers' thread only enqueues."""
-
-    def __init__(self, on_event: Callable[[BfdEvent], None] | None, name: str) -> None:
-        self._on_event = on_event
-        self._name = name
-        self._queue: SimpleQueue[tuple[str | None, tuple[bytes, ...], BfdEvent] | None] = (
-            SimpleQueue()
-        )
-        self._rtnl: dict[str | None, TcSocket] = {}  # per namespace, for armed withdraws
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"bfd-{self._name}-effects",
-                                        daemon=True)  # fmt: skip
-        self._thread.start()
-
-    def is_current(self) -> bool:
-        return threading.current_thread() is self._thread
-
-    def put(self, netns: str | None, armed: tuple[bytes, ...], event: BfdEvent) -> None:
-        self._queue.put((netns, armed, event))
-
-    def stop(self, timeout: float = 2.0) -> None:
-        self._queue.put(None)
-        if self._thread is not None and not self.is_current():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        try:
-            while (item := self._queue.get()) is not None:
-                netns, armed, event = item
-                if armed:
-                    accepted, ms, errors = self._withdraw(netns, armed, event.monotonic)
-                    event = dataclasses.replace(event, withdrawn=accepted, withdrawn_ms=ms,
-                                                withdraw_errors=errors)  # fmt: skip
-                log.info("bfd state change", manager=self._name, peer=event.peer,
-                         local=event.local_address, old=event.old.name, new=event.new.name,
-                         diag=event.diag.name, timer_late_ms=event.timer_late_ms,
-                         excused_ms=event.excused_ms)  # fmt: skip
-                if self._on_event is not None:
-                    try:
-                        self._on_event(event)
-                    except Exception:
-                        log.exception("bfd event callback failed", manager=self._name)
-        finally:
-            for rtnl in self._rtnl.values():
-                rtnl.close()
-            self._rtnl.clear()
-
-    def _withdraw(self, netns: str | None, armed: tuple[bytes, ...], since: float
-                  ) -> tuple[int, float, tuple[str, ...]]:  # fmt: skip
-        """Send the armed requests: (accepted, ms since `since`, errors). A route the kernel
-        no longer has (ESRCH: its port went admin down) is no error."""
-        errors: list[str] = []
-        accepted = len(armed)
-        try:
-            sock = self._rtnl.get(netns)
-            if sock is None:
-                sock = self._rtnl[netns] = TcSocket(netns, rcvbuf=1 << 20, sndbuf=1 << 18,
-                                                    timeout=1.0)  # fmt: skip
-            sock.send_batch(armed)
-        except TcBatchError as exc:
-            accepted -= len(exc.errors)
-            errors = [str(e) for e in exc.errors if e.errno != errno.ESRCH]
-        except OSError as exc:  # no such namespace any more, a timeout: the agent follows
-            accepted, errors = 0, [f"armed withdraw not sent: {exc}"]
-        return accepted, (time.monotonic() - since) * 1000, tuple(errors)
-
-
-class EventQueue:
-    """Hands `BfdEvent`s from the manager's thread to an asyncio loop.
-
-    Pass `queue.put` as the manager's `on_event`, then `async for event in queue`.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        self._loop = loop if loop is not None else asyncio.get_running_loop()
-        self._queue: asyncio.Queue[BfdEvent] = asyncio.Queue()
-
-    def put(self, event: BfdEvent) -> None:
-        with suppress(RuntimeError):  # the loop is closed: nobody is listening any more
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-
-    async def get(self) -> BfdEvent:
-        return await self._queue.get()
-
-    def __aiter__(self) -> AsyncIterator[BfdEvent]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[BfdEvent]:
-        while True:
-            yield await self._queue.get()
-
-
-class _Reporting(Protocol):
-    """What the Prometheus collector reads: a BfdManager, or a BfdProcess in front of one."""
-
-    name: str
-
-    def counters(self) -> Counters: ...
-
-    def sessions(self) -> list[SessionStatus]: ...
-
-
-class _BfdCollector(Collector):
-    """Prometheus view of every live manager's counters, read at scrape time, so the packet
-    path only bumps plain integers."""
-
-    def __init__(self) -> None:
-        self.managers: weakref.WeakSet[_Reporting] = weakref.WeakSet()
-
-    def collect(self) -> Iterator[Metric]:
-        received = CounterMetricFamily(
-            "thorn_bfd_packets_received", "BFD datagrams received", labels=["manager"]
-        )
-        sent = CounterMetricFamily("thorn_bfd_packets_sent", "BFD packets sent", labels=["manager"])
-        send_errors = CounterMetricFamily(
-            "thorn_bfd_send_errors", "BFD packets the kernel refused to send", labels=["manager"]
-        )
-        dropped = CounterMetricFamily(
-            "thorn_bfd_packets_dropped",
-            "BFD datagrams discarded, by reason",
-            labels=["manager", "reason"],
-        )
-        changes = CounterMetricFamily(
-            "thorn_bfd_state_changes", "BFD session state changes, by new state",
-            labels=["manager", "state"],
-        )  # fmt: skip
-        late = CounterMetricFamily(
-            "thorn_bfd_late_timers", "BFD timers the runtime ran over 5 ms after they were due",
-            labels=["manager"],
-        )  # fmt: skip
-        excused = CounterMetricFamily(
-            "thorn_bfd_stalls_excused", "Stalls of the BFD runtime not counted against the "
-            "sessions whose peer it also runs (a lab: every node in one runtime)",
-            labels=["manager"],
-        )  # fmt: skip
-        sessions = GaugeMetricFamily(
-            "thorn_bfd_sessions", "BFD sessions by state", labels=["manager", "state"]
-        )
-        for manager in list(self.managers):
-            try:
-                counts = manager.counters()
-                by_state = Tally(s.state.name.lower() for s in manager.sessions())
-            except RuntimeError:
-                continue  # closed: its counters died with it
-            received.add_metric([manager.name], counts.received)
-            sent.add_metric([manager.name], counts.sent)
-            send_errors.add_metric([manager.name], counts.send_errors)
-            late.add_metric([manager.name], counts.late_timers)
-            excused.add_metric([manager.name], counts.stalls_excused)
-            for reason in DROP_REASONS:
-                dropped.add_metric([manager.name, reason], counts.dropped.get(reason, 0))
-            for state in State:
-                label = state.name.lower()
-                changes.add_metric([manager.name, label], counts.state_changes.get(label, 0))
-            for state in State:
-                label = state.name.lower()
-                sessions.add_metric([manager.name, label], by_state.get(label, 0))
-        yield from (received, sent, send_errors, late, excused, dropped, changes, sessions)
-
-
-_COLLECTOR = _BfdCollector()
-with suppress(ValueError):  # a second copy of this module (reload): the first one reports
-    REGISTRY.register(_COLLECTOR)

@@ -32,7 +32,9 @@ import structlog
 
 from thorn.telemetry import configure_logging
 from thorn.watchdog import GcPauses, StallWatchdog, settle_heap
-from thorn_programmer.bfd.manager import _COLLECTOR, BfdEvent, BfdManager, Counters, SessionStatus
+from thorn_programmer.bfd.events import BfdEvent, Counters, SessionStatus
+from thorn_programmer.bfd.manager import BfdManager
+from thorn_programmer.bfd.metrics import COLLECTOR
 from thorn_programmer.bfd.session import SessionConfig
 
 log = structlog.get_logger("thorn.bfd")
@@ -134,7 +136,7 @@ class BfdProcess:
         self._ready = threading.Event()
         self.scheduling = "not started"  # the child's CPU scheduling, once it runs
         self._gone = False
-        _COLLECTOR.managers.add(self)
+        COLLECTOR.managers.add(self)
 
     def start(self) -> None:
         if self._process is not None:

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import structlog
 from prometheus_client import Counter
 
-from thorn_programmer.bfd.manager import BfdEvent, Counters, SessionStatus
+from thorn_programmer.bfd.events import BfdEvent, Counters, SessionStatus
 from thorn_programmer.bfd.process import START_TIMEOUT_S, BfdProcess
 from thorn_programmer.bfd.session import SessionConfig
 

@@ -1,55 +1,15 @@
-"""Leader election among replicas of a service, on a JetStream KV lease.
-
-::
-
-    async with await Bus.connect(url, name="pathcomp") as bus:
-        async with LeaderElection(bus, "pathcomp") as election:
-            await election.run_as_leader(compute_paths_forever)   # cancelled when leadership goes
-
-One key per election (`pathcomp`) in the lease bucket (`thorn-leases`), whose entries expire
-`ttl` seconds (the bucket's max_age) after they were written. A candidate becomes leader by
-`create` (succeeds only while the key is absent: never written, deleted, or expired), renews
-with a compare-and-set `update(last=revision)` every ttl/3, and steps down on the first failed
-renewal (conflict, timeout, lost connection). Followers try `create` every ttl/3 and at once
-when a KV watch shows the key deleted (a leader that resigns). A graceful `close()`/`resign()`
-deletes the key with `last=revision`, so another candidate takes over within milliseconds; a
-crashed leader's key expires at most `ttl` after the crash (plus the server's expiry lag, up
-to 0.25 s for file storage), and a follower's next poll, ttl/3 later at most, takes over.
-
-Safety (never two leaders acting at once):
-
-* the server stamps a lease write no earlier than the moment the holder *sent* it, and removes
-  it no earlier than max_age = ttl after that stamp (measured: 0-250 ms late, never early);
-  while it exists every rival `create` fails, and the holder's own CAS renewals fail as soon
-  as anybody else wrote the key;
-* the holder counts its lease from the send time of its last successful write (not from the
-  acknowledgement) and is leader only until send + 0.8 * ttl; `is_leader` evaluates that
-  deadline itself, so a stalled event loop or a renewal stuck in flight cannot stretch it;
-* so an old leader stops at least 0.2 * ttl before any rival can acquire. Assumed: clock rates
-  of the candidates and the server agree within that margin over one ttl, the server's wall
-  clock is not stepped forward, and acknowledged writes survive a server restart (the bucket
-  is file-backed; use replicas=3 in a cluster). Downstream writers can fence on `term` (the
-  KV revision at which leadership was acquired, increasing across terms).
-
-Transitions are logged (`leader_elected` / `leader_lost`), exported as the Prometheus gauge
-`thorn_leader{election,candidate}` (1 while leader) and counter
-`thorn_leader_transitions_total{election,candidate,transition}`, passed to an optional
-`on_transition` callback and to every `transitions()` stream.
-"""
+"""`LeaderElection`: candidates racing for one lease key, renewing, stepping down, and
+telling every `TransitionStream` and callback when leadership changes hands."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, Self, TypeVar
+from typing import Any, Self
 
 import nats.errors
 import nats.js.errors
@@ -57,186 +17,26 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.js import JetStreamContext, api
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
-from prometheus_client import REGISTRY, Counter, Gauge
 
 from thorn.bus import Bus
+from thorn.bus.errors import _ERR_STREAM_NAME_IN_USE, _ERR_WRONG_LAST_SEQUENCE
 from thorn.events import KeyValueSpec
+from thorn.leader.lease import (
+    DEFAULT_TTL,
+    LEASES_KV,
+    Clock,
+    Lease,
+    LeaseConfigError,
+    Transition,
+    _Record,
+    make_candidate_id,
+)
+from thorn.leader.metrics import LEADER, TRANSITIONS
 
 log = structlog.get_logger("thorn.leader")
 
-DEFAULT_TTL = 3.0
-"""Default lease duration, seconds: also the lease bucket's max_age."""
-
-STEP_DOWN_AT = 0.8
-"""A holder acts as leader until this fraction of `ttl` after sending its last renewal."""
-
-LEASES_KV = KeyValueSpec(
-    bucket="thorn-leases",
-    description="leader-election leases, one key per election; entries expire after the lease "
-    "duration (the bucket's max_age)",
-    history=1,
-    max_value_size=1024,
-    max_bytes=1 << 20,
-    storage="file",  # a lease must survive a server restart, or a rival could acquire early
-)
-
-Clock = Callable[[], float]
-TransitionKind = Literal["became_leader", "lost_leadership"]
-
-_ERR_STREAM_NAME_IN_USE = 10058
-_ERR_WRONG_LAST_SEQUENCE = (10071, 10164)
 # What a KV operation raises when the server is slow, gone or refuses: never fatal here.
 _TRANSIENT: tuple[type[BaseException], ...] = (nats.errors.Error, TimeoutError, OSError)
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics (registered once per process)
-# --------------------------------------------------------------------------------------------
-
-_M = TypeVar("_M", Counter, Gauge)
-
-
-def _metric(kind: type[_M], name: str, documentation: str, labels: list[str]) -> _M:
-    try:
-        return kind(name, documentation, labels)
-    except ValueError:  # already registered (module reloaded, or two copies imported)
-        collectors = getattr(REGISTRY, "_names_to_collectors", {})
-        existing = collectors.get(name) or collectors.get(f"{name}_total")
-        if isinstance(existing, kind):
-            return existing
-        raise
-
-
-LEADER = _metric(Gauge, "thorn_leader", "1 while this candidate leads", ["election", "candidate"])
-TRANSITIONS = _metric(
-    Counter,
-    "thorn_leader_transitions",
-    "leadership transitions (became_leader, lost_leadership)",
-    ["election", "candidate", "transition"],
-)
-
-
-# --------------------------------------------------------------------------------------------
-# Errors, ids, records
-# --------------------------------------------------------------------------------------------
-
-
-class LeaseConfigError(Exception):
-    """The lease bucket exists but cannot hold leases (it has no max_age)."""
-
-
-def make_candidate_id(prefix: str | None = None) -> str:
-    """A unique candidate id: `<host>-<pid>-<random>` (or `<prefix>-<pid>-<random>`)."""
-    return f"{prefix or socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-
-
-@dataclass(frozen=True, slots=True)
-class Transition:
-    """This candidate became leader or lost leadership; `term` is the KV revision of the term."""
-
-    kind: TransitionKind
-    election: str
-    candidate: str
-    term: int
-    reason: str
-    at: float  # the election's clock (time.monotonic by default)
-
-    @property
-    def became_leader(self) -> bool:
-        return self.kind == "became_leader"
-
-
-@dataclass(frozen=True, slots=True)
-class _Record:
-    """The value of a lease key."""
-
-    candidate: str
-    token: str  # per LeaderElection object: only this object may reclaim a lease it wrote
-
-    def encode(self) -> bytes:
-        return json.dumps({"candidate": self.candidate, "token": self.token}).encode()
-
-    @classmethod
-    def decode(cls, data: bytes | None) -> _Record | None:
-        try:
-            raw = json.loads(data or b"")
-            return cls(candidate=str(raw["candidate"]), token=str(raw["token"]))
-        except (ValueError, TypeError, KeyError):
-            return None
-
-
-# --------------------------------------------------------------------------------------------
-# The timing rules, without I/O
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Lease:
-    """When a holder may act as leader and when it must renew; the clock is injectable.
-
-    A write (create or renewal) *sent* at `sent_at` and acknowledged makes the holder leader
-    until `sent_at + step_down_at * ttl`; it renews from `sent_at + renew_every` on.
-    """
-
-    ttl: float
-    clock: Clock = time.monotonic
-    step_down_at: float = STEP_DOWN_AT
-    renew_every: float | None = None  # default ttl / 3
-    revision: int | None = field(default=None, init=False)
-    term: int | None = field(default=None, init=False)
-    sent_at: float = field(default=0.0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.ttl <= 0:
-            raise ValueError(f"lease ttl must be positive, got {self.ttl}")
-        if not 0 < self.step_down_at < 1:
-            raise ValueError(f"step_down_at must be within (0, 1), got {self.step_down_at}")
-        if self.renew_every is None:
-            self.renew_every = self.ttl / 3
-        if not 0 < self.renew_every < self.step_down_at * self.ttl:
-            raise ValueError("renew_every must be positive and below step_down_at * ttl")
-
-    @property
-    def deadline(self) -> float:
-        """Clock time from which the holder must no longer act as leader."""
-        return self.sent_at + self.step_down_at * self.ttl
-
-    @property
-    def renew_at(self) -> float:
-        assert self.renew_every is not None
-        return self.sent_at + self.renew_every
-
-    @property
-    def held(self) -> bool:
-        """A lease was granted and not dropped (it may have lapsed: see `valid`)."""
-        return self.revision is not None
-
-    @property
-    def valid(self) -> bool:
-        return self.revision is not None and self.clock() < self.deadline
-
-    def remaining(self) -> float:
-        return max(0.0, self.deadline - self.clock()) if self.revision is not None else 0.0
-
-    def grant(self, revision: int, sent_at: float, *, new_term: bool) -> bool:
-        """Record a successful write sent at `sent_at`. False (nothing recorded) if too late."""
-        if self.clock() >= sent_at + self.step_down_at * self.ttl:
-            return False
-        if new_term or self.term is None:
-            self.term = revision
-        self.revision = revision
-        self.sent_at = sent_at
-        return True
-
-    def drop(self) -> int | None:
-        """Forget the lease; returns the term that ended (None if there was none)."""
-        term, self.revision, self.term = self.term, None, None
-        return term
-
-
-# --------------------------------------------------------------------------------------------
-# The election
-# --------------------------------------------------------------------------------------------
 
 
 async def _stop_task(task: asyncio.Task[None]) -> None:
@@ -802,18 +602,3 @@ class LeaderElection:
                 log.exception("leader_transition_callback_failed", election=self.name)
             finally:
                 self._callbacks.task_done()
-
-
-__all__ = [
-    "DEFAULT_TTL",
-    "LEADER",
-    "LEASES_KV",
-    "STEP_DOWN_AT",
-    "TRANSITIONS",
-    "LeaderElection",
-    "Lease",
-    "LeaseConfigError",
-    "Transition",
-    "TransitionStream",
-    "make_candidate_id",
-]
