@@ -19,7 +19,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ColourName = Literal["red", "blue"]
+from thorn.model import Colour
+
 OffloadName = Literal["auto", "hardware", "software"]  # thorn.model.OffloadPolicy's values
 
 
@@ -41,7 +42,7 @@ class Backup(_Doc):
 
 class Route(_Doc):
     prefix: str = Field(description="destination TEP prefix, e.g. 10.224.0.16/28")
-    colour: ColourName | None = Field(description="the colour it carries; null: both")
+    colour: Colour | None = Field(description="the colour it carries; null: both")
     port: str = Field(description="this node's egress port")
     neighbour: str = Field(description="the next node (a switch, or the destination host)")
     via: str | None = Field(None, description="the neighbour's address on that link")
@@ -100,7 +101,7 @@ class HostState(_Doc):
         description="the pathcomp leader's term that wrote it (a fencing token): an "
         "agent ignores a document of an older term than the newest it has taken",
     )
-    teps: dict[ColourName, str]
+    teps: dict[Colour, str]
     routes: list[Route]
     local: list[LocalWorkload]
     vnis: list[int]

@@ -29,6 +29,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from thorn.model import Colour
 from thorn.observed import NodeObservation
 
 # --------------------------------------------------------------------------------------------
@@ -323,7 +324,6 @@ class LinkHealthChanged(Event):
 # "reprotection": not a move of traffic but pathcomp's word that the re-planned state for a
 # failure is written and applied by every agent it changed (the trace's last hop).
 FailoverTier = Literal["switch", "source", "central", "reprotection"]
-ColourLiteral = Literal["red", "blue"]
 
 
 class FailoverEvent(Event):
@@ -360,7 +360,7 @@ class FlipCommand(Event):
     node: str
     kind: Literal["flip", "reprotected"] = "flip"
     peers: list[str] = Field(default_factory=list, max_length=100_000)
-    colour: ColourLiteral | None = None
+    colour: Colour | None = None
     element: str = Field(min_length=1, max_length=128)
     plan_revision: int = Field(ge=0)
     trace: Trace | None = None

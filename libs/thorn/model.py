@@ -124,10 +124,21 @@ class AdminState(StrEnum):
 
 
 class Colour(StrEnum):
-    """The two disjoint path colours every host pair is pinned to."""
+    """The two disjoint path colours every host pair is pinned to: the one colour type of
+    THORN. As text ("red", "blue") in documents and APIs; `position` (0, 1) where per-colour
+    data sits in pairs (path computation's trees)."""
 
     red = "red"
     blue = "blue"
+
+    position: int
+
+    def __init__(self, value: str) -> None:
+        self.position = 0 if value == "red" else 1  # a plain attribute: read in hot loops
+
+    @property
+    def other(self) -> Colour:
+        return Colour.blue if self is Colour.red else Colour.red
 
 
 class TokenRole(StrEnum):

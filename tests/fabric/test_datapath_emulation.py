@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from twohosts import VNI, TwoHosts, hosts_fixture, sh, tx_packets, udp_exchange  # noqa: F401  (hosts_fixture: the `hosts` fixture)
 
-from thorn.desired import ColourName
+from thorn.model import Colour
 from thorn_programmer.drivers.emulation import EmulationDriver
 from thorn_programmer.drivers.netlink import NetlinkDatapath
 from thorn_programmer.intent import HostIntent, LocalWorkload, UnderlayRoute
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-async def program(lab: TwoHosts, colour: ColourName = "red") -> None:
+async def program(lab: TwoHosts, colour: Colour = "red") -> None:
     for host in ("h1", "h2"):
         async with EmulationDriver.open(lab.ns[host]) as driver:
             await driver.setup()

@@ -13,14 +13,14 @@ from typing import Any
 
 from twohosts import VNI, TwoHosts, hosts_fixture, sh, tx_packets, udp_exchange  # noqa: F401  (hosts_fixture: the `hosts` fixture)
 
-from thorn.desired import ColourName
+from thorn.model import Colour
 from thorn_programmer.drivers import open_driver, probe_flower
 from thorn_programmer.drivers.flower import FlowerDriver
 from thorn_programmer.kernel import ACTION_INDEX_BASE, PRIO_DECAP, PRIO_ENCAP, TunnelAction, diff
 from thorn_programmer.reconcile import plan_changes, reconcile
 
 
-async def program(lab: TwoHosts, colour: ColourName = "red") -> None:
+async def program(lab: TwoHosts, colour: Colour = "red") -> None:
     for host in ("h1", "h2"):
         async with FlowerDriver.open(lab.ns[host]) as driver:
             await driver.setup()

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from thorn.desired import ColourName
+from thorn.model import Colour
 from thorn.netns import run_in_netns
 from thorn_programmer.intent import HostIntent, LocalWorkload, Peer, UnderlayRoute
 
@@ -38,7 +38,7 @@ class TwoHosts:
     def __init__(self) -> None:
         tag = uuid.uuid4().hex[:6]
         self.ns = {n: f"td{tag}-{n}" for n in ("h1", "h2", "w1", "w2")}
-        self.teps: dict[str, dict[ColourName, str]] = {
+        self.teps: dict[str, dict[Colour, str]] = {
             "h1": {"red": "10.224.0.1", "blue": "10.240.0.1"},
             "h2": {"red": "10.224.0.2", "blue": "10.240.0.2"},
         }
@@ -69,7 +69,7 @@ class TwoHosts:
         for name in self.ns.values():
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
-    def intent(self, host: str, revision: int = 1, colour: ColourName = "red") -> HostIntent:
+    def intent(self, host: str, revision: int = 1, colour: Colour = "red") -> HostIntent:
         me, peer = (host, "h2" if host == "h1" else "h1")
         mine, theirs = ("w1", "w2") if host == "h1" else ("w2", "w1")
         near, far = ("10.0.0.1", "10.0.1.1") if host == "h1" else ("10.0.0.0", "10.0.1.0")

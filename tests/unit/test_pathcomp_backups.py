@@ -27,7 +27,7 @@ from thorn_pathcomp.backups import local_repair, routing
 from thorn_pathcomp.graph import FabricGraph
 from thorn_pathcomp.node_documents import DesiredStates
 from thorn_pathcomp.plan import Plan
-from thorn_pathcomp.trees import HOST, Colour, GroupTrees
+from thorn_pathcomp.trees import COLOURS, HOST, ColourIndex, GroupTrees
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -236,7 +236,7 @@ def test_a_leaf_backs_up_its_uplink_through_another_spine_and_a_spine_by_a_u_tur
 
 
 def _graph_walk(
-    graph: FabricGraph, trees: GroupTrees, colour: Colour, start: int, dead: set[int]
+    graph: FabricGraph, trees: GroupTrees, colour: ColourIndex, start: int, dead: set[int]
 ) -> str:
     """The same walk over the planner's routes and backups; `dead`: edge indices down."""
     routes = routing(graph, trees, colour)
@@ -264,7 +264,7 @@ def _check_random(fabric: Fabric) -> None:
     plan = Plan.compute(fabric)
     graph = plan.graph
     for trees in plan.trees.values():
-        for colour in (Colour.red, Colour.blue):
+        for colour in COLOURS:
             routes = routing(graph, trees, colour)
             for v, alternate in routes.backup.items():
                 if v in routes.uturn:  # the neighbour's own route comes back over that link

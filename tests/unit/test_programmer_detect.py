@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from thorn.desired import ColourName
 from thorn.events import BfdReport
+from thorn.model import Colour
 from thorn_programmer import detect
 from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, SessionStatus, State
 from thorn_programmer.detect import (
@@ -26,11 +26,11 @@ from thorn_programmer.detect import (
 )
 from thorn_programmer.intent import HostIntent, NextHop, Peer, SwitchIntent, UnderlayRoute
 
-TEPS: dict[ColourName, str] = {"red": "10.224.0.1", "blue": "10.240.0.1"}
+TEPS: dict[Colour, str] = {"red": "10.224.0.1", "blue": "10.240.0.1"}
 
 
-def peer(host: str, n: int, colour: ColourName = "red") -> Peer:
-    teps: dict[ColourName, str] = {"red": f"10.224.0.{n}", "blue": f"10.240.0.{n}"}
+def peer(host: str, n: int, colour: Colour = "red") -> Peer:
+    teps: dict[Colour, str] = {"red": f"10.224.0.{n}", "blue": f"10.240.0.{n}"}
     return Peer(f"{host}-vf0", 100, f"02:00:00:00:00:0{n}", f"100.64.0.{n}", host, teps, colour)
 
 
@@ -108,7 +108,7 @@ class Node:
         self.reports: list[BfdReport] = []
         self.flips: list[tuple[str, str, str]] = []
         self.paths: list[tuple[str, str, bool]] = []
-        self.colours: dict[str, ColourName] = {"host2": "red", "host3": "red"}
+        self.colours: dict[str, Colour] = {"host2": "red", "host3": "red"}
 
     def sessions(self, manager: FakeManager, mode: Any = "all") -> BfdSessions:
         return BfdSessions(
@@ -236,7 +236,7 @@ async def test_each_path_session_coming_up_or_failing_is_told_for_reverts() -> N
         ("the peer said AdminDown: a stop, not a failure", "red", State.UP, State.ADMIN_DOWN),
     ],
 )
-async def test_no_flip_when(why: str, colour_now: ColourName, blue_state: State,
+async def test_no_flip_when(why: str, colour_now: Colour, blue_state: State,
                             remote: State) -> None:  # fmt: skip
     manager, node = FakeManager(), Node()
     node.colours["host2"] = colour_now

@@ -51,9 +51,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from thorn.model import Colour
 from thorn_pathcomp.fast import Csr, Ints, _ranges, _weights, csr
 from thorn_pathcomp.graph import FabricGraph
-from thorn_pathcomp.trees import HOST, INF, Colour, GroupTrees, NextHop, group_seed
+from thorn_pathcomp.trees import (
+    COLOUR_AT,
+    COLOURS,
+    HOST,
+    INF,
+    ColourIndex,
+    GroupTrees,
+    NextHop,
+    group_seed,
+)
 
 __all__ = ["ColourRouting", "backup_hops", "local_repair", "routing"]
 
@@ -68,7 +78,7 @@ class ColourRouting:
     uturn: frozenset[int] = frozenset()  # switches whose backup is a U-turn alternate
 
 
-def routing(graph: FabricGraph, trees: GroupTrees, colour: Colour) -> ColourRouting:
+def routing(graph: FabricGraph, trees: GroupTrees, colour: ColourIndex) -> ColourRouting:
     """The switches' routes of `colour` toward `trees.group` in `graph` (kept with the
     trees, per graph state)."""
     key = (id(graph.adjacency), int(colour))
@@ -86,7 +96,7 @@ def routing(graph: FabricGraph, trees: GroupTrees, colour: Colour) -> ColourRout
 
 
 def _descend_idle(
-    graph: FabricGraph, trees: GroupTrees, colour: Colour
+    graph: FabricGraph, trees: GroupTrees, colour: ColourIndex
 ) -> tuple[list[NextHop | None], list[int]]:
     """The tree's next hops, with idle switches (no tree child, no hosts) descending:
     level by level from the destination, each takes the neighbour of a lower level that is
@@ -246,10 +256,10 @@ def local_repair(graph: FabricGraph, trees: GroupTrees) -> tuple[int, list[tuple
     toward one group: what the plan reports as switch-local coverage and risks."""
     covered = 0
     missing: list[tuple[int, Colour]] = []
-    for colour in (Colour.red, Colour.blue):
+    for colour in COLOURS:
         r = routing(graph, trees, colour)
         covered += len(r.backup)
         for v, hop in enumerate(r.next):
             if hop is not None and hop.switch != HOST and v not in r.backup:
-                missing.append((v, colour))
+                missing.append((v, COLOUR_AT[colour]))
     return covered, missing

@@ -23,7 +23,7 @@ from datetime import datetime
 
 from thorn_pathcomp.graph import FabricGraph
 from thorn_pathcomp.plan import Plan
-from thorn_pathcomp.trees import Colour
+from thorn_pathcomp.trees import COLOURS
 
 ElementKind = str  # "link" or "node"
 
@@ -69,7 +69,7 @@ def route_load(plan: Plan) -> RouteLoad:
             starts = plan.egress(src, dst)
             if starts is None:
                 continue  # unreachable: no route crosses anything
-            for colour, start in zip((Colour.red, Colour.blue), starts, strict=True):
+            for colour, start in zip(COLOURS, starts, strict=True):
                 hops = trees.path(start, colour)
                 for switch, edge in hops:
                     switches[graph.switches[switch]][colour] += weight

@@ -25,14 +25,15 @@ import numpy.typing as npt
 from thorn_pathcomp.graph import FabricGraph, Group, SwitchId
 from thorn_pathcomp.trees import (
     BOTH,
+    COLOURS,
     GOLDEN,
     HOST,
     INF,
-    Colour,
     GroupTrees,
     NextHop,
     extend,
     group_seed,
+    other_colour,
 )
 
 Ints = npt.NDArray[np.int64]
@@ -193,7 +194,7 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
     nexts: list[list[NextHop | None]] = []
     dists: list[Ints] = []
     own_edge: list[Ints] = []
-    for col in (Colour.red, Colour.blue):
+    for col in COLOURS:
         dist = np.full(n, INF, dtype=np.int64)
         hop_entry = np.full(n, NO_HOP, dtype=np.int64)  # the chosen CSR entry per switch
         hop_edge = np.full(n, -1, dtype=np.int64)
@@ -220,9 +221,9 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
     empty: frozenset[str] = frozenset()
     srlgs: tuple[list[frozenset[str]], list[frozenset[str]]] = ([empty] * n, [empty] * n)
     dist_lists: list[list[int]] = []
-    for col in (Colour.red, Colour.blue):
+    for col in COLOURS:
         dist, hops = dists[col], nexts[col]
-        taken = own_edge[col.other]
+        taken = own_edge[other_colour(col)]
         need = np.array([h is None for h in hops]) & (level < INF)
         cand = (
             need[src]

@@ -25,10 +25,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from thorn.desired import ColourName
+from thorn.model import Colour
 from thorn_pathcomp.graph import Group, SwitchId
 from thorn_pathcomp.node_documents import DesiredStates
-from thorn_pathcomp.trees import HOST, Colour, GroupTrees
+from thorn_pathcomp.trees import (
+    BLUE,
+    COLOUR_AT,
+    COLOURS,
+    HOST,
+    RED,
+    ColourIndex,
+    GroupTrees,
+    other_colour,
+)
 
 __all__ = ["Flip", "link_flips"]
 
@@ -39,10 +48,10 @@ class Flip:
 
     node: str
     peers: tuple[str, ...]
-    colour: ColourName
+    colour: Colour
 
 
-def _children(trees: GroupTrees, colour: Colour) -> list[list[SwitchId]]:
+def _children(trees: GroupTrees, colour: ColourIndex) -> list[list[SwitchId]]:
     """Per switch, the switches whose `colour` next hop is it (kept with the trees)."""
     key = (-1, int(colour))  # not a graph state: the trees' own structure
     hit = trees.derived.get(key)
@@ -58,7 +67,7 @@ def _children(trees: GroupTrees, colour: Colour) -> list[list[SwitchId]]:
     return children
 
 
-def _subtree(trees: GroupTrees, colour: Colour, top: SwitchId) -> set[SwitchId]:
+def _subtree(trees: GroupTrees, colour: ColourIndex, top: SwitchId) -> set[SwitchId]:
     children = _children(trees, colour)
     out, stack = {top}, [top]
     while stack:
@@ -69,7 +78,9 @@ def _subtree(trees: GroupTrees, colour: Colour, top: SwitchId) -> set[SwitchId]:
     return out
 
 
-def _crossing(trees: GroupTrees, colour: Colour, edge: int | None, at: SwitchId | None) -> set[int]:
+def _crossing(
+    trees: GroupTrees, colour: ColourIndex, edge: int | None, at: SwitchId | None
+) -> set[int]:
     """Switches whose `colour` path takes switch edge `edge`, or ends at `at`'s host link."""
     tops = [v for v, hop in enumerate(trees.next[colour]) if hop is not None and (
         (edge is not None and hop.edge == edge and hop.switch != HOST)
@@ -95,38 +106,40 @@ def link_flips(states: DesiredStates, link_id: int) -> list[Flip]:
     else:
         return []
     # (source hosts, destination hosts, the colour cut), per pair of groups hit
-    hit: list[tuple[list[str], set[str], Colour]] = []
+    hit: list[tuple[list[str], set[str], ColourIndex]] = []
     only = {attachment.host} if attachment is not None else None  # a host link: its host
     for group in destinations:
         trees = plan.trees[group]
-        crossing = [_crossing(trees, c, edge, at) for c in (Colour.red, Colour.blue)]
+        crossing = [_crossing(trees, c, edge, at) for c in COLOURS]
         for source, hosts in graph.groups.items():
             starts = plan.egress(source, group) if source else None
             if starts is None:
                 continue
-            cut = [starts[c] in crossing[c] for c in (Colour.red, Colour.blue)]
+            cut = [starts[c] in crossing[c] for c in COLOURS]
             if cut[0] != cut[1]:
                 targets = set(graph.groups.get(group, [])) if only is None else only
-                hit.append((hosts, targets, Colour.red if cut[0] else Colour.blue))
+                hit.append((hosts, targets, RED if cut[0] else BLUE))
     if attachment is not None:  # the source side: a multi-homed host's own uplink
         source = graph.group_of(attachment.host)
         for group in plan.trees if len(source) > 1 else ():
             starts = plan.egress(source, group)
             if starts is not None and (starts[0] == at) != (starts[1] == at):
-                colour = Colour.red if starts[0] == at else Colour.blue
+                colour = RED if starts[0] == at else BLUE
                 hit.append(([attachment.host], set(graph.groups.get(group, [])), colour))
     return _per_host(states, hit)
 
 
-def _per_host(states: DesiredStates, hit: list[tuple[list[str], set[str], Colour]]) -> list[Flip]:
+def _per_host(
+    states: DesiredStates, hit: list[tuple[list[str], set[str], ColourIndex]]
+) -> list[Flip]:
     """Turn the hit (sources, destinations, colour cut) into one move per source: its peers
     among the destinations go to the other colour. Whatever colour each pair is on now: the
     plan knows its own choice, not the flips agents made on their own (a source's BFD, an
     earlier central flip not yet reverted), and an agent leaves a pair already on the safe
     colour as it is."""
-    by_source: dict[str, dict[ColourName, set[str]]] = {}
+    by_source: dict[str, dict[Colour, set[str]]] = {}
     for sources, destinations, colour in hit:
-        to: ColourName = "blue" if colour is Colour.red else "red"
+        to: Colour = COLOUR_AT[other_colour(colour)]
         for host in sources:
             if host not in states.hosts:
                 continue

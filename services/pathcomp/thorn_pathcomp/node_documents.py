@@ -19,11 +19,18 @@ from thorn.fabric import Fabric
 from thorn_pathcomp.backups import routing
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group
 from thorn_pathcomp.plan import Plan
-from thorn_pathcomp.trees import HOST, Colour, GroupTrees, NextHop
+from thorn_pathcomp.trees import (
+    COLOUR_AT,
+    COLOURS,
+    HOST,
+    ColourIndex,
+    GroupTrees,
+    NextHop,
+)
 
 HOST_STAGE = 1_000  # hosts change their egress last, once every switch has its new routes
-COLOURS = (Colour.red, Colour.blue)
-NAMES = {Colour.red: "red", Colour.blue: "blue"}
+COLOURS = COLOURS
+NAMES = COLOUR_AT  # colour index -> the colour (its text in documents)
 
 RouteKey = tuple[str, str | None]  # (prefix, colour)
 Route = dict[str, Any]
@@ -92,7 +99,7 @@ class DesiredStates:
     topology: _Topology
     plan: Plan
     revision: int
-    prefixes: dict[tuple[Group, Colour], list[str]] = field(default_factory=dict)
+    prefixes: dict[tuple[Group, ColourIndex], list[str]] = field(default_factory=dict)
     switch_routes: dict[str, dict[RouteKey, Route]] = field(default_factory=dict)
     hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
     changes: dict[str, NodeChange] = field(default_factory=dict)  # hosts, since the last states

@@ -16,16 +16,20 @@ from thorn_pathcomp import fast
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group, SwitchId
 from thorn_pathcomp.stnumber import st_next_hops
 from thorn_pathcomp.trees import (
+    BLUE,
     BOTH,
+    COLOURS,
     HOST,
     INF,
-    Colour,
+    RED,
+    ColourIndex,
     GroupTrees,
     NextHop,
     compute_group,
     extend,
     group_seed,
     other_choice,
+    other_colour,
     own_choice,
 )
 
@@ -55,7 +59,7 @@ def repair(
     # A next hop takes a link at its own switch: only the ends of changed links can change.
     ends = sorted({end for i in lost | gained for end in (edges[i].u, edges[i].v)})
     new_choice = {end for i in gained for end in (edges[i].u, edges[i].v)}
-    for c in (Colour.red, Colour.blue):  # own colours first: the other colour avoids them
+    for c in COLOURS:  # own colours first: the other colour avoids them
         hops = nexts[c]
         for v in ends:
             hop = hops[v]
@@ -70,7 +74,7 @@ def repair(
                     own_changed.add(v)
     missing: list[frozenset[SwitchId]] = []
     touched = set(own_changed)
-    for c in (Colour.red, Colour.blue):
+    for c in COLOURS:
         hops, dist_c, srlg_c = nexts[c], dists[c], trees.srlgs[c]
         gone = set(trees.missing[c])
         # The extension over switches without colour c must be redone when it lost or gained
@@ -83,7 +87,7 @@ def repair(
             if v in gone or colour[v] == c or hop is None or hop.switch == HOST:
                 continue
             if hop.edge in lost or v in own_changed or v in new_choice:
-                own = nexts[c.other][v]
+                own = nexts[other_colour(c)][v]
                 choice = other_choice(
                     v, c, colour, dist_c, srlg_c, adjacency, edges, own, frozenset(), seed
                 )
@@ -139,7 +143,7 @@ def relayer(
     single = len(group) == 1
     nexts = (list(trees.next[0]), list(trees.next[1]))
     dists = (list(trees.dist[0]), list(trees.dist[1]))
-    for c in (Colour.red, Colour.blue):  # own colours (and the ends of the trees) first
+    for c in COLOURS:  # own colours (and the ends of the trees) first
         hops, dist_c = nexts[c], dists[c]
         for v in redo:
             hops[v], dist_c[v] = None, INF
@@ -154,13 +158,13 @@ def relayer(
                     return None
                 dist_c[v] = level[v]
     missing: list[frozenset[SwitchId]] = []
-    for c in (Colour.red, Colour.blue):
+    for c in COLOURS:
         hops, dist_c, srlg_c = nexts[c], dists[c], trees.srlgs[c]
         gone = set(trees.missing[c]) - redo
         for v in sorted(redo):
             if level[v] >= INF or hops[v] is not None:
                 continue
-            own = nexts[c.other][v]
+            own = nexts[other_colour(c)][v]
             choice = other_choice(
                 v, c, colour, dist_c, srlg_c, adjacency, edges, own, frozenset(), seed
             )
@@ -475,7 +479,7 @@ class Plan:
             return "none"
         if lu >= INF or lv >= INF or abs(lu - lv) >= 2:
             return "structure"  # a shortcut: distances move
-        for c in (Colour.red, Colour.blue):
+        for c in COLOURS:
             for end, other in ((e.u, e.v), (e.v, e.u)):
                 if end in trees.missing[c] and colour[other] in (c, BOTH):
                     return "structure"  # a switch gains its first neighbour of a colour
@@ -495,8 +499,8 @@ class Plan:
         options = [(a, b) for a in src for b in src if a != b] or [(src[0], src[0])]
         best: tuple[tuple[int, ...], _Choice] | None = None
         for red_start, blue_start in options:
-            red = trees.path(red_start, Colour.red)
-            blue = trees.path(blue_start, Colour.blue)
+            red = trees.path(red_start, RED)
+            blue = trees.path(blue_start, BLUE)
             if not red or not blue:
                 continue
             red_nodes = {v for v, _ in red}
@@ -504,7 +508,7 @@ class Plan:
             shared_switches = red_nodes & blue_nodes
             red_edges = {e for _, e in red if e >= 0}
             shared_edges = red_edges & {e for _, e in blue if e >= 0}
-            shared_srlgs = trees.srlgs[Colour.red][red_start] & trees.srlgs[Colour.blue][blue_start]
+            shared_srlgs = trees.srlgs[RED][red_start] & trees.srlgs[BLUE][blue_start]
             hops = (len(red) - 1, len(blue) - 1)
             choice = _Choice(
                 (red_start, blue_start),
@@ -532,14 +536,14 @@ class Plan:
         """The switch each colour leaves a source group by, toward a destination group."""
         return self._choice(src, dst).starts if src and dst in self.trees else None
 
-    def reachable(self, src: Group, dst: Group, colour: Colour) -> bool:
+    def reachable(self, src: Group, dst: Group, colour: ColourIndex) -> bool:
         """Whether a host of `src` has a path of `colour` to `dst`."""
         trees = self.trees.get(dst)
         return trees is not None and any(trees.dist[colour][s] < INF for s in src)
 
     def blue_only(self, src: Group, dst: Group) -> bool:
         """Reachable by blue but not by red: the source must send blue."""
-        return self.reachable(src, dst, Colour.blue) and not self.reachable(src, dst, Colour.red)
+        return self.reachable(src, dst, BLUE) and not self.reachable(src, dst, RED)
 
     def pair(self, src: str, dst: str) -> PairPlan:
         """The red and blue routes between two hosts, with what they share."""
@@ -558,7 +562,7 @@ class Plan:
         routes: list[Route] = []
         egress: list[str | None] = []
         used_links: list[set[int]] = []
-        for colour, start in zip((Colour.red, Colour.blue), choice.starts, strict=True):
+        for colour, start in zip(COLOURS, choice.starts, strict=True):
             first = self._attachment(src, start)
             hops = trees.path(start, colour)
             last = self._attachment(dst, hops[-1][0])

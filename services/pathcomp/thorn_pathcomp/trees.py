@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import NamedTuple
 
+from thorn.model import Colour
 from thorn_pathcomp.graph import Edge, FabricGraph, Group, SwitchId
 
 INF = 1 << 30
@@ -37,13 +37,17 @@ BOTH = -2  # colour of a single attachment switch: both trees end there
 HOST = -1  # next hop "the destination host itself" (an attachment switch's last hop)
 
 
-class Colour(IntEnum):
-    red = 0
-    blue = 1
+# Per-colour data sits in pairs indexed by `thorn.model.Colour.position`: THORN has one colour
+# type, and its trees read the index in their inner loops.
+ColourIndex = int
+RED: ColourIndex = Colour.red.position
+BLUE: ColourIndex = Colour.blue.position
+COLOURS: tuple[ColourIndex, ColourIndex] = (RED, BLUE)
+COLOUR_AT: tuple[Colour, Colour] = (Colour.red, Colour.blue)  # index -> the colour itself
 
-    @property
-    def other(self) -> Colour:
-        return Colour(1 - self)
+
+def other_colour(c: ColourIndex) -> ColourIndex:
+    return 1 - c
 
 
 class NextHop(NamedTuple):
@@ -116,7 +120,7 @@ class GroupTrees:
         """Edge indices any next hop of either tree takes."""
         return {h.edge for hops in self.next for h in hops if h is not None and h.edge >= 0}
 
-    def path(self, start: SwitchId, colour: Colour) -> list[tuple[SwitchId, int]]:
+    def path(self, start: SwitchId, colour: ColourIndex) -> list[tuple[SwitchId, int]]:
         """(switch, edge taken from it) along `colour`'s tree; the last edge is -1 (host)."""
         hops: list[tuple[SwitchId, int]] = []
         node = start
@@ -204,7 +208,7 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
     empty: frozenset[str] = frozenset()
     srlgs: tuple[list[frozenset[str]], list[frozenset[str]]] = ([empty] * n, [empty] * n)
     to_host = NextHop(HOST, -1)
-    for c in (Colour.red, Colour.blue):
+    for c in COLOURS:
         nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
         for v in order:  # own colour: a shortest-path neighbour of that colour
             lv = level[v]
@@ -221,9 +225,9 @@ def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> G
                     srlg_c[v] = base | link_srlgs if link_srlgs else base
     fallback = False
     missing_sets: list[frozenset[SwitchId]] = []
-    for c in (Colour.red, Colour.blue):
+    for c in COLOURS:
         nh_c, dist_c, srlg_c = nexts[c], dists[c], srlgs[c]
-        own_hops, own_srlgs = nexts[c.other], srlgs[c.other]
+        own_hops, own_srlgs = nexts[other_colour(c)], srlgs[other_colour(c)]
         for v in order:  # the other colour: the nearest neighbour of that colour
             if nh_c[v] is not None:
                 continue
@@ -267,7 +271,7 @@ def _mix(x: int) -> int:
 
 def own_choice(
     v: SwitchId,
-    c: Colour,
+    c: ColourIndex,
     level: list[int],
     colour: list[int],
     adjacency: list[list[tuple[SwitchId, int]]],
@@ -289,7 +293,7 @@ def own_choice(
 
 def other_choice(
     v: SwitchId,
-    c: Colour,
+    c: ColourIndex,
     colour: list[int],
     dist_c: list[int],
     srlg_c: list[frozenset[str]],

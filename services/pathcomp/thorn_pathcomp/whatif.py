@@ -25,7 +25,7 @@ from typing import Literal
 
 from thorn_pathcomp.graph import Group, SwitchId
 from thorn_pathcomp.plan import Plan
-from thorn_pathcomp.trees import Colour
+from thorn_pathcomp.trees import COLOURS
 
 Verdict = Literal["flip", "lose_protection", "cut"]
 Status = Literal["protected", "degraded", "unprotected", "unreachable"]
@@ -97,7 +97,7 @@ def _routes(plan: Plan, src: Group, dst: Group) -> tuple[_Route, _Route] | None:
         return None
     trees = plan.trees[dst]
     out = []
-    for colour, start in zip((Colour.red, Colour.blue), starts, strict=True):
+    for colour, start in zip(COLOURS, starts, strict=True):
         hops = trees.path(start, colour)
         out.append(_Route(tuple(v for v, _ in hops), frozenset(e for _, e in hops if e >= 0)))
     return out[0], out[1]

@@ -35,7 +35,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from thorn.bus import Bus, CaughtUp, DesiredStateEntry, DesiredStateStore
 from thorn.desired import (
-    ColourName,
     DesiredState,
     HostState,
     SwitchState,
@@ -52,6 +51,7 @@ from thorn.events import (
     agent_flip_subject,
     utcnow,
 )
+from thorn.model import Colour
 from thorn_programmer.bfd import State
 from thorn_programmer.drivers.netlink import ApplyError, NetlinkDatapath
 from thorn_programmer.intent import (
@@ -178,7 +178,7 @@ class NodeAgent:
         # Called with each intent once applied (BFD sessions follow what was programmed).
         self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
         # This host's path sessions' states (set by the BFD wiring; none: no sessions).
-        self.path_state: Callable[[str, ColourName], State | None] = lambda _p, _c: None
+        self.path_state: Callable[[str, Colour], State | None] = lambda _p, _c: None
 
     # --- running ---------------------------------------------------------------------------
 
@@ -428,14 +428,14 @@ class NodeAgent:
         """The intent last applied to the kernel (None before the first reconcile)."""
         return self._last_intent
 
-    def colour_of(self, peer: str) -> ColourName | None:
+    def colour_of(self, peer: str) -> Colour | None:
         """The colour traffic toward peer host `peer` takes now (None: no such peer)."""
         intent = self._last_intent
         if not isinstance(intent, HostIntent):
             return None
         return next((p.colour for p in intent.peers if p.host == peer), None)
 
-    def flip_soon(self, peer: str, colour: ColourName, reason: str) -> None:
+    def flip_soon(self, peer: str, colour: Colour, reason: str) -> None:
         """`flip` as a task of its own (from a detector's callback); failures are logged."""
 
         async def flip() -> None:
@@ -448,7 +448,7 @@ class NodeAgent:
         self._flips.add(task)
         task.add_done_callback(self._flips.discard)
 
-    async def flip(self, peer: str, colour: ColourName, reason: str) -> float:
+    async def flip(self, peer: str, colour: Colour, reason: str) -> float:
         """Send traffic toward `peer` on `colour` now (the agent's own decision)."""
         return await self.flip_many([peer], colour, reason, tier="source")
 
@@ -475,12 +475,12 @@ class NodeAgent:
         except (LookupError, RuntimeError) as exc:
             log.warning("central_flip_not_done", node=self.node, error=str(exc))
 
-    def preferred(self, peer: str) -> ColourName:
+    def preferred(self, peer: str) -> Colour:
         """The colour the desired state puts `peer` on (what a revert goes back to)."""
         doc = self._doc
-        return "blue" if isinstance(doc, HostState) and peer in doc.blue_peers else "red"
+        return Colour.blue if isinstance(doc, HostState) and peer in doc.blue_peers else Colour.red
 
-    def on_path(self, peer: str, colour: ColourName, up: bool) -> None:
+    def on_path(self, peer: str, colour: Colour, up: bool) -> None:
         """This host's BFD toward `peer` on `colour` came Up or went Down (on the loop): an
         override away from the preferred colour may revert once that path works again."""
         if peer not in self.overrides.by_peer or colour != self.preferred(peer):
@@ -511,7 +511,7 @@ class NodeAgent:
     async def flip_many(
         self,
         peers: list[str],
-        colour: ColourName,
+        colour: Colour,
         reason: str,
         *,
         tier: FailoverTier,
@@ -569,7 +569,7 @@ class NodeAgent:
         self._flips.add(task)
         task.add_done_callback(self._flips.discard)
 
-    async def _after_flip(self, moving: list[str], was: ColourName, colour: ColourName,
+    async def _after_flip(self, moving: list[str], was: Colour, colour: Colour,
                           reason: str, tier: FailoverTier, seconds: float,
                           errors: list[ApplyError], trace: Trace | None) -> None:  # fmt: skip
         await self.overrides.save_off_loop()

@@ -35,8 +35,8 @@ from typing import Literal, Protocol
 import structlog
 from prometheus_client import Counter
 
-from thorn.desired import ColourName
 from thorn.events import BfdReport
+from thorn.model import Colour
 from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, SessionStatus, State
 from thorn_programmer.intent import HostIntent, Intent
 
@@ -52,7 +52,7 @@ Mode = Literal["off", "links", "peers", "all"]
 # Peer TEP sessions cross several routers (leaf, spine, leaf: 3; a 3-tier fat tree: 5; a
 # stretched backup path a few more): accept up to 8, where FRR's multihop default takes 1.
 PEER_MIN_TTL = 255 - 8
-_OTHER: dict[ColourName, ColourName] = {"red": "blue", "blue": "red"}
+_OTHER: dict[Colour, Colour] = {Colour.red: Colour.blue, Colour.blue: Colour.red}
 _STATE_NAMES: dict[State, Literal["admin_down", "down", "init", "up"]] = {
     State.ADMIN_DOWN: "admin_down", State.DOWN: "down", State.INIT: "init", State.UP: "up",
 }  # fmt: skip
@@ -65,7 +65,7 @@ class WantedSession:
     ifname: str | None  # single-hop: the port it runs on
     multihop: bool
     peer_host: str | None = None  # multihop: the host at the far end
-    colour: ColourName | None = None  # multihop: the colour whose path it watches
+    colour: Colour | None = None  # multihop: the colour whose path it watches
 
 
 def peers_to_watch(node: str, members: Mapping[int, set[str]], limit: int | None) -> list[str]:
@@ -165,22 +165,22 @@ class Discriminators:
 
 
 # What the agent offers the sessions: the colour a peer uses now, and the fast failover.
-ColourOf = Callable[[str], ColourName | None]
-Flip = Callable[[str, ColourName, str], None]
+ColourOf = Callable[[str], Colour | None]
+Flip = Callable[[str, Colour, str], None]
 # A switch's local repair: (port, reason); see repair.LocalRepair.
 PortRepair = Callable[[str, str], None]
 # (port, reason, routes the BFD runtime deleted, its ms from detection to the kernel's answer,
 # its errors): an armed withdraw already done
 RuntimeRepair = Callable[[str, str, int, float, tuple[str, ...]], None]
 # A host's path session toward (peer host, colour) came Up (True) or went Down (False).
-PathChange = Callable[[str, ColourName, bool], None]
+PathChange = Callable[[str, Colour, bool], None]
 
 
 def _nothing(_port: str, _reason: str) -> None:
     pass
 
 
-def _no_path(_peer: str, _colour: ColourName, _up: bool) -> None:
+def _no_path(_peer: str, _colour: Colour, _up: bool) -> None:
     pass
 
 
@@ -428,7 +428,7 @@ class BfdSessions:
             elif event.new is State.UP:
                 self.restore_after_hold(key.ifname, f"bfd to {key.peer} on {key.ifname} up")
 
-    def path_state(self, peer_host: str, colour: ColourName) -> State | None:
+    def path_state(self, peer_host: str, colour: Colour) -> State | None:
         """The state of this host's session toward `peer_host` on `colour` (None: none)."""
         for key, disc in self.sessions.items():
             if key.multihop and key.peer_host == peer_host and key.colour == colour:

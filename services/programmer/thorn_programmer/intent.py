@@ -20,19 +20,19 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from thorn.desired import (
-    ColourName,
     HostState,
     OffloadName,
     SwitchState,
     VniMember,
     VniState,
 )
+from thorn.model import Colour
 
-COLOURS: tuple[ColourName, ColourName] = ("red", "blue")
+COLOURS: tuple[Colour, Colour] = (Colour.red, Colour.blue)
 
 
-def other(colour: ColourName) -> ColourName:
-    return "blue" if colour == "red" else "red"
+def other(colour: Colour) -> Colour:
+    return colour.other
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +69,8 @@ class Peer:
     mac: str
     ip: str
     host: str
-    teps: Mapping[ColourName, str]
-    colour: ColourName  # the active colour
+    teps: Mapping[Colour, str]
+    colour: Colour  # the active colour
 
     @property
     def tep(self) -> str:
@@ -91,7 +91,7 @@ class SwitchIntent:
 class HostIntent:
     node: str
     revision: int
-    teps: Mapping[ColourName, str]
+    teps: Mapping[Colour, str]
     routes: tuple[UnderlayRoute, ...]
     local: tuple[LocalWorkload, ...]
     peers: tuple[Peer, ...]
@@ -103,11 +103,11 @@ class HostIntent:
     def vnis(self) -> list[int]:
         return sorted({w.vni for w in self.local})
 
-    def source_tep(self, colour: ColourName) -> str:
+    def source_tep(self, colour: Colour) -> str:
         """The outer source address for `colour` (the other colour's TEP if it has none)."""
         return self.teps.get(colour) or self.teps[other(colour)]
 
-    def peer_hosts(self) -> dict[str, Mapping[ColourName, str]]:
+    def peer_hosts(self) -> dict[str, Mapping[Colour, str]]:
         return {p.host: p.teps for p in self.peers}
 
 
@@ -162,7 +162,7 @@ def members(chunks: Iterable[VniState]) -> dict[int, list[VniMember] | None]:
 def host_intent(
     state: HostState,
     chunks: Iterable[VniState],
-    overrides: Mapping[str, ColourName] | None = None,
+    overrides: Mapping[str, Colour] | None = None,
 ) -> HostIntent:
     """Join a host's state with its VNIs' members. `overrides`: peer host -> colour chosen by
     the agent's own fast failover (they win until the controller's plan agrees or moves on)."""
@@ -185,14 +185,16 @@ def host_intent(
         for m in listed:
             if m.host == state.node or m.mac.lower() in own_macs:
                 continue
-            teps: dict[ColourName, str] = {}
+            teps: dict[Colour, str] = {}
             if m.red:
-                teps["red"] = m.red
+                teps[Colour.red] = m.red
             if m.blue:
-                teps["blue"] = m.blue
+                teps[Colour.blue] = m.blue
             if not teps:
                 continue  # a peer with no TEP cannot be reached through the fabric
-            colour: ColourName = overrides.get(m.host) or ("blue" if m.host in blue else "red")
+            colour: Colour = overrides.get(m.host) or (
+                Colour.blue if m.host in blue else Colour.red
+            )
             if colour not in teps:
                 colour = other(colour)
             peers.append(

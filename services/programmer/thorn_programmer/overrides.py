@@ -29,7 +29,7 @@ from pathlib import Path
 
 import structlog
 
-from thorn.desired import ColourName
+from thorn.model import Colour
 
 log = structlog.get_logger("thorn.programmer")
 
@@ -38,7 +38,7 @@ __all__ = ["Override", "Overrides"]
 
 @dataclass(frozen=True, slots=True)
 class Override:
-    colour: ColourName
+    colour: Colour
     reason: str
     tier: str  # "source" (the agent's own BFD) or "central" (pathcomp)
     plan_revision: int  # the plan the flip was decided on
@@ -58,10 +58,10 @@ class Overrides:
         self._on_disk = 0
         self._file_lock = threading.Lock()
 
-    def colours(self) -> dict[str, ColourName]:
+    def colours(self) -> dict[str, Colour]:
         return {peer: o.colour for peer, o in self.by_peer.items()}
 
-    def put(self, peers: list[str], colour: ColourName, reason: str, tier: str,
+    def put(self, peers: list[str], colour: Colour, reason: str, tier: str,
             plan_revision: int, now: float, *, save: bool = True) -> None:  # fmt: skip
         """Record a flip (`save=False`: the caller saves once the kernel is changed, so
         the file write is not on the critical path)."""

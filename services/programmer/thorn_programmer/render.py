@@ -17,6 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Iterator, Mapping
 
+from thorn.model import Colour
 from thorn_programmer.intent import HostIntent, Intent, LocalWorkload, Peer, SwitchIntent
 from thorn_programmer.kernel import (
     BACKUP_METRIC,
@@ -138,7 +139,7 @@ def emulation_objects(intent: HostIntent) -> list[KernelObject]:
     for vni, (locals_, peers) in sorted(_by_vni(intent).items()):
         tunnel = vxlan_name(vni)
         objects.append(Device(name=tunnel, kind="vxlan", vni=vni,
-                              local=intent.source_tep("red")))  # fmt: skip
+                              local=intent.source_tep(Colour.red)))  # fmt: skip
         objects.append(Clsact(dev=tunnel))
         for w in locals_:
             objects.append(Clsact(dev=w.rep))
