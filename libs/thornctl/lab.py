@@ -137,7 +137,7 @@ def _fabric(
         return _from_file(file)
     if generator is not None:
         from thorn.generators import generate
-        from thornctl.main import parse_sets  # the same KEY=VALUE rules as `generate`
+        from thornctl.fabric import parse_sets  # the same KEY=VALUE rules as `generate`
 
         try:
             return generate(generator.replace("-", "_"), parse_sets(sets or []))

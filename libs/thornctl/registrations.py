@@ -1,0 +1,76 @@
+"""thornctl cabling and mismatches: what the agents registered beside what is declared."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+
+from thornctl.context import (
+    state_of,
+)
+
+UPLOAD_CHUNK = 256 * 1024
+
+EPILOG = """\
+\b
+Exit codes:
+  0   success
+  1   the server refused the request (4xx); its detail line is printed
+  2   usage error (unknown command or option, bad option value)
+  65  an input file cannot be parsed (bad JSON/YAML, not UTF-8, empty)
+  66  an input file does not exist or cannot be read
+  69  cannot reach THORN (refused, DNS, timeout) or it failed (5xx)
+  73  the output file cannot be written
+  75  drain --wait timed out: the element still carries traffic
+  76  the answer is not THORN's JSON (is --url right?)
+  77  token missing, wrong or revoked (401) or its role is too weak (403)
+"""
+commands = typer.Typer()  # its top-level commands, added to thornctl's root by main.py
+
+
+# --- registrations: observed beside declared -------------------------------------------------
+
+
+class CablingState(StrEnum):
+    verified = "verified"
+    unverified = "unverified"
+    miscabled = "miscabled"
+
+
+@commands.command()
+def cabling(
+    ctx: typer.Context,
+    only: Annotated[CablingState | None, typer.Option("--state", case_sensitive=False,
+                                                      help="Only links in this state.")] = None,
+) -> None:  # fmt: skip
+    """Each link's cabling as the agents' LLDP probes hear it; a miscabled link is out of
+    the paths until it is heard cabled as declared."""
+    state = state_of(ctx)
+    body = state.client.get("/cabling", state=only.value if only else None)
+    if state.out.data(body):
+        return
+    state.out.table(
+        ["LINK", "A", "B", "CABLING", "OUT OF PATHS", "HEARD", "REASON"],
+        ([lk["link_id"], lk["a"], lk["b"], lk["state"], "yes" if lk["out_of_service"] else "no",
+          "; ".join(lk["heard"]) or "-", lk["reason"] or "-"] for lk in body["links"]),
+        caption=f"{body['verified']} verified, {body['unverified']} unverified, "
+        f"{body['miscabled']} miscabled; {body['out_of_service']} out of the paths",
+    )  # fmt: skip
+
+
+@commands.command()
+def mismatches(ctx: typer.Context) -> None:
+    """Where the nodes, as their agents registered them, differ from their declaration."""
+    state = state_of(ctx)
+    body = state.client.get("/mismatches")
+    if state.out.data(body):
+        return
+    state.out.table(
+        ["NODE", "KIND", "SUBJECT", "DECLARED", "OBSERVED", "MESSAGE"],
+        ([m["node"], m["kind"], m["subject"], m["declared"] or "-", m["observed"] or "-",
+          m["message"]] for m in body["mismatches"]),
+        caption=f"{body['registered']} node(s) registered, {len(body['unregistered'])} not",
+        no_wrap=2,
+    )  # fmt: skip
