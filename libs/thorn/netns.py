@@ -16,13 +16,23 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ParamSpec, TypeVar
 
-__all__ = ["NETNS_DIR", "create", "entered", "exists", "listed", "remove", "run_in_netns"]
+__all__ = [
+    "NETNS_DIR",
+    "create",
+    "entered",
+    "exists",
+    "listed",
+    "netlink_socket",
+    "remove",
+    "run_in_netns",
+]
 
 NETNS_DIR = Path("/run/netns")  # where iproute2 (`ip netns`) keeps named namespaces
 
@@ -170,6 +180,25 @@ def run_in_netns(name: str, fn: Callable[P, T], *args: P.args, **kwargs: P.kwarg
     if failure:
         raise failure[0]
     return result[0]
+
+
+NETLINK_ROUTE = 0
+
+
+def netlink_socket(
+    name: str | None, proto: int = NETLINK_ROUTE, *, sndbuf: int = 1 << 20, rcvbuf: int = 1 << 20
+) -> socket.socket:
+    """A netlink socket made inside namespace `name` (None: this one) by a short-lived thread
+    that entered it: no fork. Hand it to pyroute2 as `use_socket`: its own `netns=` forks a
+    child per socket, which can hang a multithreaded process (a lock held at fork)."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, sndbuf)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        return sock
+
+    return make() if name is None else run_in_netns(name, make)
 
 
 def open_fd(name: str) -> int:

@@ -23,12 +23,11 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Literal
 
 import structlog
-from pyroute2 import AsyncIPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
 from thorn_programmer.drivers.emulation import EmulationDriver
 from thorn_programmer.drivers.flower import FlowerDriver
-from thorn_programmer.drivers.netlink import NetlinkDatapath
+from thorn_programmer.drivers.netlink import NetlinkDatapath, rtnl
 from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.kernel import PROBE_INDEX, PROBE_PRIO, VXLAN_PORT
 from thorn_programmer.netlink import (
@@ -76,7 +75,7 @@ async def _probe(netns: str | None) -> tuple[bool, str]:
             tc.request(action_delete("tunnel_key", PROBE_INDEX))
         except TcError as exc:
             return False, f"act_tunnel_key: {exc}"
-        async with AsyncIPRoute(netns=netns) as ip:
+        async with await rtnl(netns) as ip:
             created = not await ip.link_lookup(ifname=FLOWER_TUNNEL)
             if created:
                 await ip.link("add", ifname=FLOWER_TUNNEL, kind="vxlan",

@@ -32,7 +32,7 @@ from pyroute2.netlink.rtnl import RTM_DELTFILTER, RTM_NEWTFILTER
 
 from thorn.desired import TEP_LABEL
 from thorn.events import OffloadReport
-from thorn.netns import run_in_netns
+from thorn.netns import netlink_socket, run_in_netns
 from thorn_programmer import u32
 from thorn_programmer.drivers.reads import (
     dump_addresses_message,
@@ -122,6 +122,14 @@ async def _done(responses: Any) -> None:
         pass
 
 
+async def rtnl(netns: str | None) -> AsyncIPRoute:
+    """pyroute2's AsyncIPRoute in `netns`, on a socket made there without a fork (off the
+    event loop: entering a namespace is a thread's system calls)."""
+    if netns is None:
+        return AsyncIPRoute()
+    return AsyncIPRoute(use_socket=await asyncio.to_thread(netlink_socket, netns))
+
+
 class NetlinkDatapath:
     """One namespace's THORN objects: read, diff (kernel.diff), apply."""
 
@@ -141,7 +149,7 @@ class NetlinkDatapath:
     @classmethod
     @asynccontextmanager
     async def open(cls, netns: str | None = None) -> AsyncIterator[NetlinkDatapath]:
-        async with AsyncIPRoute(netns=netns) as ip:
+        async with await rtnl(netns) as ip:
             with TcSocket(netns) as tc:
                 driver = cls(ip, netns, tc)
                 try:
