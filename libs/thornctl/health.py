@@ -99,6 +99,16 @@ def health_link(
         ],
         title=f"Link {link_id}",
     )  # fmt: skip
+    counters = shown.get("counters") or []
+    if counters:
+        out.line()
+        out.table(
+            ["PORT", "UNTIL (UTC)", "SECONDS", "PACKETS", "DROPPED", "ERRORS"],
+            ([c["port"], when(c["at"], "%H:%M:%S"), f"{c['seconds']:.0f}",
+              c["rx_packets"] + c["tx_packets"], c["rx_dropped"] + c["tx_dropped"],
+              c["rx_errors"] + c["tx_errors"]] for c in counters[-10:]),
+            caption="drops and errors per report interval, the latest 10",
+        )  # fmt: skip
     events = state.client.get("/health/events", link_id=link_id, limit=10)
     if events["items"]:
         out.line()

@@ -112,6 +112,7 @@ def test_an_operator_drains_a_link_until_it_carries_no_traffic_then_undrains_it(
     link = fabric_link(stack, "leaf2", "spine2")
     click_element(page, f"l{link['id']}")
     expect(page.locator("#panel h2")).to_contain_text("leaf2")
+    expect(page.locator("#panel")).to_contain_text("Drops and errors over time")
     page.click("#drain")
     expect(page.locator("#carries-traffic")).to_have_text("no", timeout=60_000)
     page.wait_for_function(

@@ -27,6 +27,7 @@ from thorn.events import (
     AgentReportReply,
     BfdReport,
     CarrierReport,
+    CountersReport,
     Event,
     LinkHealthChanged,
     TopologyChanged,
@@ -368,6 +369,19 @@ async def test_the_api_filters_and_pages_links_events_and_sessions(
             ]
             timers = sessions["items"][0]
             assert (timers["tx_interval_ms"], timers["detect_time_ms"]) == (10.0, 30.0)
+            # One link's drops and errors over time, from its agents' counter reports.
+            t = utcnow()
+            for seconds, packets, dropped in ((0, 1000, 0), (10, 3000, 7)):
+                await leaf2.send(CountersReport(
+                    port="swp2", rx_packets=packets, tx_packets=packets, rx_errors=0,
+                    tx_errors=0, rx_dropped=dropped, tx_dropped=0,
+                    at=t + timedelta(seconds=seconds)))  # fmt: skip
+            await service.flush()
+            one = await client.get("/api/v1/health/links/4")
+            assert one.status_code == 200, one.text
+            [sample] = one.json()["counters"]
+            assert (sample["port"], sample["seconds"], sample["rx_packets"],
+                    sample["rx_dropped"]) == ("leaf2:swp2", 10.0, 2000, 7)  # fmt: skip
             assert (await get("sessions", node="leaf2"))["total"] == 2
 
             for path, params, field in [

@@ -16,7 +16,7 @@ from thorn.health_records import (
     LinkForgotten,
     LinkStateRecord,
 )
-from thorn_health.core import HealthCore, LinkEnds, loss_fraction
+from thorn_health.core import SAMPLES, HealthCore, LinkEnds, loss_fraction
 from thorn_health.linkstate import HealthConfig, LinkState
 
 T0 = 1_800_000_000.0  # wall-clock seconds: the core's `now`
@@ -144,6 +144,26 @@ def test_counters_give_loss_from_successive_reports_and_degrade_the_link() -> No
         t.state for t in core.apply(report("leaf1", 3, counters("swp1", 4000, 60, T0)), T0 + 15)
         .transitions
     ] == ["up"]  # fmt: skip
+
+
+def test_each_ends_drops_and_errors_are_kept_over_time_and_forgotten_with_the_link() -> None:
+    core = core_with_links()
+    core.apply(report("leaf1", 0, counters("swp1", 1000, 0, T0)), T0)
+    core.apply(report("leaf1", 1, counters("swp1", 1990, 10, T0 + 10)), T0 + 10)
+    core.apply(report("spine1", 0, counters("swp1", 50, 0, T0 + 10)), T0 + 10)
+    core.apply(report("spine1", 1, counters("swp1", 90, 2, T0 + 20)), T0 + 20)
+    core.apply(report("leaf1", 2, counters("swp1", 5, 0, T0 + 20)), T0 + 20)  # a reset
+    core.apply(report("leaf1", 3, counters("swp1", 505, 1, T0 + 30)), T0 + 30)
+    samples = list(core.samples[1])
+    assert [(c.port, c.seconds, c.rx_packets, c.rx_errors) for c in samples] == [
+        ("leaf1:swp1", 10.0, 990, 10), ("spine1:swp1", 10.0, 40, 2),
+        ("leaf1:swp1", 10.0, 500, 1),  # no interval across the reset
+    ]  # fmt: skip
+    for i in range(SAMPLES + 5):  # bounded
+        core.apply(report("leaf1", 4 + i, counters("swp1", 600 + i, 1, T0 + 40 + i)), T0 + 40 + i)
+    assert len(core.samples[1]) == SAMPLES
+    core.set_topology({2: LINKS[2]}, T0 + 500)
+    assert 1 not in core.samples
 
 
 def test_loss_needs_enough_packets_and_a_counter_reset_only_restarts_the_baseline() -> None:

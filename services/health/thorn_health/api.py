@@ -74,6 +74,27 @@ class LinkHealthOut(BaseModel):
     open_failure: str | None = Field(description="the state of its open failure, if any")
 
 
+class CounterSampleOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)  # built from the core's `CounterSample`
+
+    port: str = Field(description="node:port whose agent counted it")
+    at: datetime = Field(description="the end of the interval (the agent's clock)")
+    seconds: float
+    rx_packets: int
+    tx_packets: int
+    rx_errors: int
+    tx_errors: int
+    rx_dropped: int
+    tx_dropped: int
+
+
+class LinkHealthDetailOut(LinkHealthOut):
+    counters: list[CounterSampleOut] = Field(
+        description="drops and errors over time: each end's counts between two of its "
+        "agent's reports, oldest first (the last 120, kept in memory by the active replica)"
+    )
+
+
 class FailureOut(BaseModel):
     id: int
     link_id: int
@@ -157,13 +178,21 @@ async def list_links(
     )  # fmt: skip
 
 
-@router.get("/links/{link_id}", response_model=LinkHealthOut, summary="One link's health")
+@router.get(
+    "/links/{link_id}",
+    response_model=LinkHealthDetailOut,
+    summary="One link's health, with its drops and errors over time",
+)
 async def get_link(
     _: Viewer, service: Service, link_id: Annotated[int, Path(description="link id")]
-) -> LinkHealthOut:
+) -> LinkHealthDetailOut:
     if link_id not in service.core.links:
         raise NotFound(f"link {link_id} not found in the topology health follows")
-    return _link_out(service, link_id)
+    samples = service.core.samples.get(link_id, ())
+    return LinkHealthDetailOut(
+        **_link_out(service, link_id).model_dump(),
+        counters=[CounterSampleOut.model_validate(c) for c in samples],
+    )
 
 
 def _failure_out(f: Failure) -> FailureOut:

@@ -15,6 +15,7 @@ successive reports; a link's loss is the worse of its two ends.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -76,6 +77,26 @@ class Session:
     link_id: int | None
     tx_interval_ms: float | None = None  # negotiated, as the agent last reported
     detect_time_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSample:
+    """What one end of a link counted between two of its agent's reports: the link's drops
+    and errors over time (in memory, the last SAMPLES per link)."""
+
+    port: str  # node:port
+    at: datetime  # the later report's time (the agent's clock)
+    seconds: float
+    rx_packets: int
+    tx_packets: int
+    rx_errors: int
+    tx_errors: int
+    rx_dropped: int
+    tx_dropped: int
+
+
+SAMPLES = 120  # per link, both ends: 10 minutes at the default 10 s report period
+_COUNTED = ("rx_packets", "tx_packets", "rx_errors", "tx_errors", "rx_dropped", "tx_dropped")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +173,8 @@ class HealthCore:
         self.changed_at: dict[int, datetime] = {}
         self.sessions: dict[tuple[str, str, str, str | None], Session] = {}
         self.counters: dict[tuple[str, str], CountersReport] = {}
+        self._last_counters: dict[tuple[str, str], CountersReport] = {}
+        self.samples: dict[int, deque[CounterSample]] = {}
         self.port_loss: dict[tuple[str, str], float] = {}
         self.last_seq: dict[str, int] = {}
         self.last_run: dict[str, str] = {}  # node -> the run of its last report
@@ -203,6 +226,10 @@ class HealthCore:
             self.by_port[(ends.b_node, ends.b_port)] = link_id
         for key in [k for k in self.port_loss if k not in self.by_port]:
             del self.port_loss[key]
+        for key in [k for k in self._last_counters if k not in self.by_port]:
+            del self._last_counters[key]
+        for gone in [k for k in self.samples if k not in self.ends]:
+            del self.samples[gone]
         out.records += self.dirty()
         return out
 
@@ -295,6 +322,7 @@ class HealthCore:
             out.unknown.append(f"counters {node}:{item.port}")
             return
         out.applied += 1
+        self._sample(link_id, node, item)
         previous = self.counters.get(port)
         if previous is None:
             self.counters[port] = item
@@ -312,6 +340,20 @@ class HealthCore:
         )
         transitions = self.links[link_id].observe_loss(worst, now, f"counters:{node}:{item.port}")
         self._note(out, transitions, item.at, received, node)
+
+    def _sample(self, link_id: int, node: str, item: CountersReport) -> None:
+        last = self._last_counters.get((node, item.port))
+        self._last_counters[(node, item.port)] = item
+        if last is None or item.at <= last.at:
+            return
+        deltas = [getattr(item, f) - getattr(last, f) for f in _COUNTED]
+        if min(deltas) < 0:
+            return  # the counters restarted (a reboot, a new device): no interval to tell
+        samples = self.samples.get(link_id)
+        if samples is None:
+            samples = self.samples[link_id] = deque(maxlen=SAMPLES)
+        seconds = (item.at - last.at).total_seconds()
+        samples.append(CounterSample(f"{node}:{item.port}", item.at, seconds, *deltas))
 
     # --- time -----------------------------------------------------------------------------
 

@@ -227,6 +227,8 @@ async function linkDetail(ctx: Ctx, panel: HTMLElement, id: number): Promise<voi
           .map(([k, v]) => `${k}: ${String(v)}`).join(", ") || "-"),
         h("dt", {}, "open failure"), h("dd", {}, health.open_failure ?? "-")),
       drainControls(ctx, "link", String(id), ctx.links.get(id)?.admin_state ?? "up"),
+      h("h3", {}, "Drops and errors over time"),
+      countersChart(health.counters),
       h("h3", {}, "Failures over time"),
       events.items.length ? table(["state", "source", "started", "detected in", "lasted"],
         events.items.map((e) => [badge(e.state), e.source, when(e.started_at),
@@ -239,6 +241,37 @@ async function linkDetail(ctx: Ctx, panel: HTMLElement, id: number): Promise<voi
             s.tx_interval_ms)}, detects in ${s.detect_time_ms} ms` : "-"]))
         : h("p", { class: "hint" }, "No agent reports a BFD session on this link."));
   });
+}
+
+/** Drops and errors per report interval, per end: one bar each, newest on the right. */
+function countersChart(samples: Schemas["CounterSampleOut"][]): HTMLElement {
+  if (!samples.length) return h("p", { class: "hint" }, "No counter reports yet.");
+  const bad = (c: Schemas["CounterSampleOut"]) => c.rx_dropped + c.tx_dropped + c.rx_errors + c.tx_errors;
+  const top = Math.max(1, ...samples.map(bad));
+  const width = 400, height = 60, step = width / samples.length;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("width", "100%");
+  svg.setAttribute("id", "counters-chart");
+  const ports = [...new Set(samples.map((c) => c.port))];
+  samples.forEach((c, i) => {
+    const bar = document.createElementNS("http://www.w3.org/2000/svg", "rect");
+    const tall = Math.max(bad(c) ? 2 : 0, (bad(c) / top) * (height - 4));
+    bar.setAttribute("x", String(i * step));
+    bar.setAttribute("y", String(height - tall));
+    bar.setAttribute("width", String(Math.max(1, step - 1)));
+    bar.setAttribute("height", String(tall));
+    bar.setAttribute("fill", ports.indexOf(c.port) ? "#1d4ed8" : "#e76f51");
+    const title = document.createElementNS("http://www.w3.org/2000/svg", "title");
+    title.textContent = `${c.port} ${when(c.at)}: ${c.rx_dropped + c.tx_dropped} dropped, ` +
+      `${c.rx_errors + c.tx_errors} errors of ${c.rx_packets + c.tx_packets} packets in ${c.seconds.toFixed(0)} s`;
+    bar.append(title);
+    svg.append(bar);
+  });
+  const total = samples.reduce((s, c) => s + bad(c), 0);
+  return h("div", {}, svg, h("p", { class: "hint" }, `${total} drops and errors in the last ` +
+    `${samples.length} report intervals (${ports.map((p, i) => `${p} ${i ? "blue" : "orange"}`)
+      .join(", ")}); the highest bar is ${top}.`));
 }
 
 // --- node --------------------------------------------------------------------------------
