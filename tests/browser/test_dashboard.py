@@ -90,6 +90,10 @@ def test_a_lab_failure_shows_on_the_map_within_a_second_and_in_the_timeline(
         )
         shown_after = time.monotonic() - injected
         assert shown_after <= MAP_WITHIN_S, f"the map showed the failure after {shown_after:.2f} s"
+        # Both ends keep other links: they show degraded, not down.
+        of = "(n) => window.thorn.cy.getElementById(n).data('state')"
+        states = page.evaluate(f"() => ['leaf1', 'spine1'].map({of})")
+        assert states == ["degraded", "degraded"], states
         named = re.compile(r"leaf1:\S+ \u2013 spine1|spine1:\S+ \u2013 leaf1")  # the link
         row = page.locator("#failovers tbody tr", has_text=named)
         expect(row.first).to_be_visible(timeout=15_000)

@@ -125,13 +125,27 @@ export class FabricMap {
     }
     const admin = new Map(links.map((l) => [l.id, l.admin_state]));
     this.cy.batch(() => {
-      for (const n of nodes) {
-        const state: Health = n.admin_state === "up" ? "up" :
-          n.admin_state === "drained" ? "drained" : "down";
-        this.cy.getElementById(n.name).data({ state, colour: HEALTH_COLOURS[state] });
-      }
+      for (const n of nodes) this.cy.getElementById(n.name).data("admin", n.admin_state);
       for (const [id, state] of admin) this.paintLink(id, state);
+      this.cy.nodes().forEach((n) => this.paintNode(n.id()));
     });
+  }
+
+  /** A node: drained or down as its admin state says; else down when none of its links
+   * works, degraded when some do not, up when all do (unknown until health reports). */
+  private paintNode(name: string): void {
+    const node = this.cy.getElementById(name);
+    const admin = node.data("admin");
+    let state: Health;
+    if (admin === "drained" || admin === "down") {
+      state = admin;
+    } else {
+      const links = node.connectedEdges().map((e) => e.data("state") as Health);
+      const broken = links.filter((s) => s === "down" || s === "flapping").length;
+      state = links.every((s) => s === "unknown") ? "unknown" : broken === links.length ? "down"
+        : broken || links.some((s) => s === "degraded") ? "degraded" : "up";
+    }
+    node.data({ state, colour: HEALTH_COLOURS[state] });
   }
 
   private paintLink(id: number, admin?: string): void {
@@ -149,6 +163,7 @@ export class FabricMap {
     const known: Health[] = ["up", "degraded", "down", "flapping", "drained", "unknown"];
     this.linkHealth.set(id, known.includes(state as Health) ? (state as Health) : "unknown");
     this.paintLink(id);
+    this.cy.getElementById(linkKey(id)).connectedNodes().forEach((n) => this.paintNode(n.id()));
   }
 
   linkState(id: number): Health {
