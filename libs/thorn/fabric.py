@@ -71,6 +71,9 @@ class FabricError(Exception):
         super().__init__("; ".join(str(i) for i in issues[:5]))
         self.issues = issues
 
+    def __reduce__(self) -> tuple[type[FabricError], tuple[list[Issue]]]:
+        return (FabricError, (self.issues,))  # whole across a process boundary
+
     @classmethod
     def one(cls, loc: Loc, msg: str, kind: IssueKind = "invalid") -> FabricError:
         return cls([Issue(loc, msg, kind)])

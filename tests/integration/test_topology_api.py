@@ -384,6 +384,20 @@ async def test_a_dry_run_import_validates_without_changing_anything(api: Api) ->
     assert await api.store.revision() == 0
 
 
+async def test_a_generator_dry_run_answers_what_the_real_run_then_stores(api: Api) -> None:
+    """Dry runs are computed in a worker process: the same summary as the real run."""
+    body = {"spines": 2, "leaves": 4, "hosts_per_leaf": 2, "dual_homed": True}
+    dry = await api.call("POST", "/fabric/generate/leaf-spine?dry_run=true", json=body)
+    assert dry.status_code == 200, dry.text
+    real = await api.call("POST", "/fabric/generate/leaf-spine", json=body)
+    assert real.status_code == 200, real.text
+    assert {**dry.json()["summary"], "revision": None} == {**real.json()["summary"],
+                                                          "revision": None}  # fmt: skip
+    refused = await api.call("POST", "/fabric/generate/rail-optimized?dry_run=true",
+                             json={"servers_per_su": 4, "rails": 9, "spines": 0})  # fmt: skip
+    assert refused.status_code == 422 and "spines" in refused.text
+
+
 async def test_every_generator_produces_a_fabric_the_store_accepts(api: Api) -> None:
     for name, body in (
         ("leaf-spine", {"spines": 2, "leaves": 4, "hosts_per_leaf": 2, "dual_homed": True}),

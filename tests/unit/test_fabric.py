@@ -7,6 +7,7 @@ into its error body), and that the fabric, its private indexes included, is exac
 from __future__ import annotations
 
 import copy
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -1176,3 +1177,10 @@ def test_every_operation_is_all_or_nothing_and_agrees_with_whole_document_valida
         exclude=without_ids
     )
     assert rule_state(rebuilt) == rule_state(fabric)
+
+
+def test_a_fabric_error_keeps_its_issues_across_a_process_boundary() -> None:
+    error = FabricError([Issue(["links", 0, "a"], "port taken", "conflict"), Issue(["nodes"], "x")])
+    again = pickle.loads(pickle.dumps(error))
+    assert isinstance(again, FabricError) and again.issues == error.issues
+    assert str(again) == str(error)

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -26,6 +27,7 @@ from thorn.events import TopologyChanged, utcnow
 from thorn.fabric import Change, Fabric, FabricError, NotFound
 from thorn.model import FabricDocument, FabricSummary
 from thorn.store import StaleRevision, Store
+from thorn_topology.offload import generated_summary, worker_pool
 
 log = structlog.get_logger("thorn.topology")
 
@@ -70,6 +72,7 @@ class TopologyService:
         self._document: SerialisedDocument | None = None
         self._outbox: asyncio.Queue[TopologyChanged] = asyncio.Queue(OUTBOX_SIZE)
         self._publisher: asyncio.Task[None] | None = None
+        self._pool: ProcessPoolExecutor | None = None  # big dry runs, started on first use
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -79,6 +82,8 @@ class TopologyService:
 
     async def stop(self) -> None:
         """Give queued events a moment to go out, then stop the publisher."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
         if self._publisher is None:
             return
         with contextlib.suppress(TimeoutError):
@@ -155,6 +160,21 @@ class TopologyService:
 
         return await self._with_retries(attempt)
 
+    async def dry_run_generated(self, name: str, params: dict[str, Any]) -> FabricSummary:
+        """A generator's dry run in the worker process: the loop keeps serving meanwhile."""
+        async with self.reading() as current:
+            revision, next_link_id = current.revision, current.next_link_id
+        if self._pool is None:
+            self._pool = worker_pool()
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                self._pool, generated_summary, name, params, revision, next_link_id
+            )
+        except FabricError:
+            REJECTED.labels("fabric.import").inc()
+            raise
+
     async def replace(
         self, principal: Principal, doc: FabricDocument, *, dry_run: bool, source: str
     ) -> FabricSummary:
@@ -169,7 +189,7 @@ class TopologyService:
                 REJECTED.labels("fabric.import").inc()
                 raise
             if dry_run:
-                return new.summary()
+                return await asyncio.to_thread(new.summary)
             detail = {"source": source, **new.summary().model_dump(exclude={"revision"})}
             revision = await self.store.replace(
                 new, expected_revision=current.revision, actor=principal.name, detail=detail
