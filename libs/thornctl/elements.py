@@ -10,33 +10,10 @@ from urllib.parse import quote
 import typer
 
 from thorn.model import AdminState, Role
-from thornctl.context import (
-    All,
-    Limit,
-    Offset,
-    State,
-    fetch_page,
-    state_of,
-)
+from thornctl.context import All, Limit, Offset, State, fetch_page, state_of
 from thornctl.errors import CliError, ExitCode
 from thornctl.render import Out, page_caption
 
-UPLOAD_CHUNK = 256 * 1024
-
-EPILOG = """\
-\b
-Exit codes:
-  0   success
-  1   the server refused the request (4xx); its detail line is printed
-  2   usage error (unknown command or option, bad option value)
-  65  an input file cannot be parsed (bad JSON/YAML, not UTF-8, empty)
-  66  an input file does not exist or cannot be read
-  69  cannot reach THORN (refused, DNS, timeout) or it failed (5xx)
-  73  the output file cannot be written
-  75  drain --wait timed out: the element still carries traffic
-  76  the answer is not THORN's JSON (is --url right?)
-  77  token missing, wrong or revoked (401) or its role is too weak (403)
-"""
 commands = typer.Typer()  # its top-level commands, added to thornctl's root by main.py
 nodes_app = typer.Typer(help="Fabric nodes (hosts and switches).", no_args_is_help=True)
 links_app = typer.Typer(help="Links between ports; drain and undrain.", no_args_is_help=True)

@@ -59,12 +59,7 @@ import typer
 from typer.core import TyperGroup
 
 from thornctl import elements, fabric, registrations, tokens
-from thornctl.context import (
-    DEFAULT_TIMEOUT,
-    DEFAULT_URL,
-    State,
-    state_of,
-)
+from thornctl.context import DEFAULT_TIMEOUT, DEFAULT_URL, State, state_of
 from thornctl.elements import links_app, nodes_app
 from thornctl.errors import CliError
 from thornctl.failovers import failovers_app
@@ -75,8 +70,6 @@ from thornctl.rdma import rdma_app
 from thornctl.render import Out, OutputFormat
 from thornctl.tenants import tenants_app
 from thornctl.tokens import tokens_app
-
-UPLOAD_CHUNK = 256 * 1024
 
 EPILOG = """\
 \b

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
+from fastapi import FastAPI
 
 from thorn.bus import Bus
 from thorn.config import Settings
@@ -28,6 +29,7 @@ class Api:
     client: httpx.AsyncClient
     store: Store
     events: list[TopologyChanged] = field(default_factory=list)
+    app: FastAPI | None = None
 
     def as_(self, token: str | None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token}"} if token else {}
@@ -75,7 +77,7 @@ async def api(store: Store, nats_url: str, tmp_path: Path) -> AsyncIterator[Api]
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://thorn") as client:
-                yield Api(client, store, events)
+                yield Api(client, store, events, app)
     finally:
         await subscription.unsubscribe()
         await bus.close()
@@ -396,6 +398,24 @@ async def test_a_generator_dry_run_answers_what_the_real_run_then_stores(api: Ap
     refused = await api.call("POST", "/fabric/generate/rail-optimized?dry_run=true",
                              json={"servers_per_su": 4, "rails": 9, "spines": 0})  # fmt: skip
     assert refused.status_code == 422 and "spines" in refused.text
+
+
+async def test_a_dry_run_worker_that_dies_is_a_503_and_the_next_dry_run_gets_a_new_one(
+    api: Api,
+) -> None:
+    dry = "/fabric/generate/fat-tree?dry_run=true"
+    assert (await api.call("POST", dry, json={"k": 4})).status_code == 200
+    assert api.app is not None
+    pool = api.app.state.topology._pool
+    for worker in list(pool._processes.values()):
+        worker.kill()
+        worker.join()
+    broken = await api.call("POST", dry, json={"k": 4})
+    assert broken.status_code == 503, broken.text
+    assert broken.json()["errors"][0]["loc"] == ["query", "dry_run"]
+    again = await api.call("POST", dry, json={"k": 4})
+    assert again.status_code == 200 and again.json()["summary"]["hosts"] == 16
+    assert await api.store.revision() == 0
 
 
 async def test_every_generator_produces_a_fabric_the_store_accepts(api: Api) -> None:

@@ -19,7 +19,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
 from nats.js.kv import KeyValue
-from pydantic import BaseModel
 
 from thorn.bus.consumer import DurableConsumer
 from thorn.bus.errors import (
@@ -52,7 +51,6 @@ from thorn.events import (
 log = structlog.get_logger("thorn.bus")
 
 E = TypeVar("E", bound=Event)
-M = TypeVar("M", bound=BaseModel)
 Handler = Callable[[E], Awaitable[None]]
 
 

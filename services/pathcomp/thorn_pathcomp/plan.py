@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 from thorn.fabric import Fabric
 from thorn_pathcomp import fast
@@ -298,6 +299,21 @@ class PlanUpdate:
     seconds: float
 
 
+# GET /paths' words; "degraded" is a shared risk: only what no path choice avoids here is
+# shared (a single-homed end's host link and switch, a switch, an SRLG).
+Protection = Literal["protected", "degraded", "unprotected", "unreachable"]
+
+
+def _protection(choice: _Choice, src: Group, dst: Group) -> Protection:
+    if choice.starts is None:
+        return "unreachable"
+    if choice.shared_edges:
+        return "unprotected"
+    if choice.shared_switches or choice.shared_srlgs or len(src) == 1 or len(dst) == 1:
+        return "degraded"
+    return "protected"
+
+
 class Plan:
     def __init__(self, graph: FabricGraph, trees: dict[Group, GroupTrees], revision: int) -> None:
         self.graph = graph
@@ -532,6 +548,12 @@ class Plan:
             return _Choice(None, frozenset(), frozenset(), frozenset(), (INF, INF), shortest)
         return best[1]
 
+    def protection(self, src: Group, dst: Group) -> Protection:
+        """How the pairs from group `src` to group `dst` are protected."""
+        if not src or not dst or dst not in self.trees:
+            return "unreachable"
+        return _protection(self._choice(src, dst), src, dst)
+
     def egress(self, src: Group, dst: Group) -> tuple[SwitchId, SwitchId] | None:
         """The switch each colour leaves a source group by, toward a destination group."""
         return self._choice(src, dst).starts if src and dst in self.trees else None
@@ -616,11 +638,10 @@ class Plan:
                     summary.unreachable_pairs += weight
                     summary.unprotected_pairs += weight
                     continue
-                shares = (choice.shared_switches or choice.shared_srlgs or len(src) == 1
-                          or len(dst) == 1 or host_srlgs & {src, dst})  # fmt: skip
-                if choice.shared_edges:
+                status = _protection(choice, src, dst)
+                if status == "unprotected":
                     summary.unprotected_pairs += weight
-                elif shares:
+                elif status == "degraded":
                     summary.shared_risk_pairs += weight
                 else:
                     summary.protected_pairs += weight
@@ -643,4 +664,13 @@ class Plan:
         return out
 
 
-__all__ = ["HOST", "PairPlan", "Plan", "PlanSummary", "Route", "SharedRisks", "UnknownHost"]
+__all__ = [
+    "HOST",
+    "PairPlan",
+    "Plan",
+    "PlanSummary",
+    "Protection",
+    "Route",
+    "SharedRisks",
+    "UnknownHost",
+]

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from thorn_pathcomp.graph import Group, SwitchId
-from thorn_pathcomp.plan import Plan
+from thorn_pathcomp.plan import Plan, Protection
 from thorn_pathcomp.trees import COLOURS
 
 Verdict = Literal["flip", "lose_protection", "cut"]
-Status = Literal["protected", "degraded", "unprotected", "unreachable"]
 EXAMPLES = 25  # host pairs listed by name; the counts cover every pair
 
 
@@ -46,7 +45,7 @@ class PairImpact:
     src: str
     dst: str
     verdict: Verdict
-    after: Status
+    after: Protection
 
 
 @dataclass
@@ -55,7 +54,7 @@ class WhatIf:
     nodes: list[str]
     pairs: int = 0  # host pairs in the plan
     impact: Counter[Verdict] = field(default_factory=Counter)
-    after: Counter[Status] = field(default_factory=Counter)  # of the affected pairs
+    after: Counter[Protection] = field(default_factory=Counter)  # of the affected pairs
     examples: list[PairImpact] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -101,19 +100,6 @@ def _routes(plan: Plan, src: Group, dst: Group) -> tuple[_Route, _Route] | None:
         hops = trees.path(start, colour)
         out.append(_Route(tuple(v for v, _ in hops), frozenset(e for _, e in hops if e >= 0)))
     return out[0], out[1]
-
-
-def _status(plan: Plan, src: Group, dst: Group) -> Status:
-    if not src or not dst or dst not in plan.trees:
-        return "unreachable"
-    choice = plan._choice(src, dst)
-    if choice.starts is None:
-        return "unreachable"
-    if choice.shared_edges:
-        return "unprotected"
-    if choice.shared_switches or choice.shared_srlgs or len(src) == 1 or len(dst) == 1:
-        return "degraded"
-    return "protected"
 
 
 def what_if(plan: Plan, *, links: Iterable[int] = (), nodes: Iterable[str] = ()) -> WhatIf:
@@ -179,7 +165,7 @@ def what_if(plan: Plan, *, links: Iterable[int] = (), nodes: Iterable[str] = ())
                     )
                     s_now = after.graph.group_of(s_one) if s_one else src
                     d_now = after.graph.group_of(d_one) if d_one else dst
-                    status = _status(after, s_now, d_now)
+                    status = after.protection(s_now, d_now)
                     result.impact[verdict] += weight
                     result.after[status] += weight
                     if len(result.examples) < EXAMPLES:

@@ -239,7 +239,9 @@ class BfdSessions:
         self.states: dict[int, State] = {}
         self._by_disc: dict[int, WantedSession] = {}
         self._lock = asyncio.Lock()
-        self._restating: set[asyncio.Task[None]] = set()
+        # Sessions that came Up, by discriminator: (when to read their timers, key, the Up).
+        self._settling: dict[int, tuple[float, WantedSession, BfdEvent]] = {}
+        self._restater: asyncio.Task[None] | None = None
 
     def owns(self, discriminator: int) -> bool:
         return discriminator in self._by_disc
@@ -342,8 +344,8 @@ class BfdSessions:
         return frozenset(k for k in self.sessions if not k.multihop and k.ifname not in repointed)
 
     async def close(self) -> None:
-        for task in self._restating:
-            task.cancel()
+        if self._restater is not None:
+            self._restater.cancel()
         await self.update(None)
 
     def _restate_timers_later(self, key: WantedSession, event: BfdEvent) -> None:
@@ -351,36 +353,48 @@ class BfdSessions:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             return  # not on the agent's loop (a caller outside the agent)
-        task = loop.create_task(self._restate_timers(key, event), name=f"bfd-timers-{self.node}")
-        self._restating.add(task)
-        task.add_done_callback(self._restating.discard)
-
-    async def _restate_timers(self, key: WantedSession, up: BfdEvent) -> None:
-        """Report the timers a session settled on after its Up (the same Up, restated), so
-        health shows the negotiated ones, not slow start's."""
-        await asyncio.sleep(TIMERS_SETTLE_S)
-        disc = up.local_discriminator
-        if self.states.get(disc) is not State.UP or self._by_disc.get(disc) != key:
-            return  # it went down again (that change was reported) or went away
-        try:
-            found = await asyncio.to_thread(self.manager.sessions)
-        except Exception as exc:  # the BFD child restarting: the next Up restates them
-            log.warning("bfd_timers_unread", node=self.node, peer=key.peer, error=str(exc))
-            return
-        now = next((st for st in found if st.local_discriminator == disc), None)
-        if now is None or now.state is not State.UP or self.states.get(disc) is not State.UP:
-            return
-        if (now.tx_interval_us, now.detection_time_us) == (
-            up.tx_interval_us, up.detection_time_us):  # fmt: skip
-            return
-        self.report(
-            BfdReport(
-                local=key.local or key.ifname or "any", peer=key.peer, port=key.ifname,
-                multihop=key.multihop, state="up", diag=int(now.diag), detected_at=up.wall,
-                tx_interval_ms=_ms(now.tx_interval_us),
-                detect_time_ms=_ms(now.detection_time_us),
+        self._settling[event.local_discriminator] = (loop.time() + TIMERS_SETTLE_S, key, event)
+        if self._restater is None or self._restater.done():
+            self._restater = loop.create_task(
+                self._restate_timers(), name=f"bfd-timers-{self.node}"
             )
-        )  # fmt: skip
+
+    async def _restate_timers(self) -> None:
+        """Report the timers sessions settled on after their Up (the same Up, restated), so
+        health shows the negotiated ones, not slow start's. One read of the runtime's
+        sessions serves every Up that is due (a lab coming up: dozens at once)."""
+        loop = asyncio.get_running_loop()
+        while self._settling:
+            await asyncio.sleep(
+                max(0.0, min(d for d, _, _ in self._settling.values()) - loop.time())
+            )
+            now_t = loop.time()
+            due = {disc: (key, up) for disc, (d, key, up) in self._settling.items() if d <= now_t}
+            for disc in due:
+                del self._settling[disc]
+            try:
+                found = {
+                    s.local_discriminator: s for s in await asyncio.to_thread(self.manager.sessions)
+                }
+            except Exception as exc:  # the BFD child restarting: the next Up restates them
+                log.warning("bfd_timers_unread", node=self.node, error=str(exc))
+                continue
+            for disc, (key, up) in due.items():
+                now = found.get(disc)
+                if (self.states.get(disc) is not State.UP or self._by_disc.get(disc) != key
+                        or now is None or now.state is not State.UP):  # fmt: skip
+                    continue  # it went down again (that change was reported) or went away
+                if (now.tx_interval_us, now.detection_time_us) == (
+                        up.tx_interval_us, up.detection_time_us):  # fmt: skip
+                    continue
+                self.report(
+                    BfdReport(
+                        local=key.local or key.ifname or "any", peer=key.peer, port=key.ifname,
+                        multihop=key.multihop, state="up", diag=int(now.diag),
+                        detected_at=up.wall, tx_interval_ms=_ms(now.tx_interval_us),
+                        detect_time_ms=_ms(now.detection_time_us),
+                    )
+                )  # fmt: skip
 
     def event(self, event: BfdEvent) -> None:
         key = self._by_disc.get(event.local_discriminator)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -175,6 +176,9 @@ def _generator_route(name: str, params_model: type[BaseModel]) -> None:
             document = await asyncio.to_thread(generators.generate, name, params.model_dump())
         except ValueError as exc:
             raise FieldError(422, ["body"], str(exc), "generator") from exc
+        except BrokenProcessPool as exc:
+            raise FieldError(503, ["query", "dry_run"], "the worker computing dry runs stopped; "
+                             "try again", "unavailable") from exc  # fmt: skip
         summary = await service.replace(principal, document, dry_run=dry_run, source=name)
         return ImportResult(dry_run=dry_run, summary=summary)
 

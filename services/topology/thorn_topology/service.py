@@ -14,6 +14,7 @@ import gc
 import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -173,6 +174,9 @@ class TopologyService:
             )
         except FabricError:
             REJECTED.labels("fabric.import").inc()
+            raise
+        except BrokenProcessPool:
+            self._pool = None  # the worker died (killed, out of memory): a new one next time
             raise
 
     async def replace(
