@@ -23,13 +23,14 @@ import re
 import shlex
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from dockerfile import container_command as image_command
+from dockerfile import effective, parse_dockerfile, stage_chain
 from jsonschema import Draft7Validator
 
 from thorn.config import Settings
@@ -133,73 +134,6 @@ def listen_port(listen: str) -> int:
 def schema_errors(validator: Draft7Validator, document: Any) -> list[str]:
     errors = sorted(validator.iter_errors(document), key=lambda error: list(error.path))
     return ["/".join(map(str, error.path)) + f": {error.message}" for error in errors]
-
-
-@dataclass
-class Stage:
-    """One build stage of a Dockerfile: `FROM <base> AS <name>` and what follows."""
-
-    base: str
-    name: str | None
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-
-def parse_dockerfile(path: Path) -> list[Stage]:
-    """Split a Dockerfile into stages of (INSTRUCTION, arguments) pairs."""
-    logical_lines: list[str] = []
-    pending = ""
-    for raw in path.read_text(encoding="utf-8").splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if line.startswith("#"):  # comment inside a continued instruction
-            continue
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical_lines.append(pending + line)
-        pending = ""
-    stages: list[Stage] = []
-    for line in logical_lines:
-        keyword, _, arguments = line.partition(" ")
-        keyword, arguments = keyword.upper(), arguments.strip()
-        if keyword == "FROM":
-            words = [word for word in arguments.split() if not word.startswith("--")]
-            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(base=words[0], name=name))
-        elif keyword != "ARG" or stages:
-            assert stages, f"{path}: {keyword} before the first FROM"
-            stages[-1].instructions.append((keyword, arguments))
-    return stages
-
-
-def stage_chain(stages: list[Stage], target: str | None) -> list[Stage]:
-    """The target stage and the stages it is built FROM, target first."""
-    by_name = {stage.name: stage for stage in stages if stage.name}
-    stage = by_name[target] if target else stages[-1]
-    chain = [stage]
-    while stage.base in by_name:
-        stage = by_name[stage.base]
-        chain.append(stage)
-    return chain
-
-
-def effective(stages: list[Stage], target: str | None, keyword: str) -> str | None:
-    """The last value of an inherited instruction (CMD, ENTRYPOINT, USER) for a target."""
-    for stage in stage_chain(stages, target):
-        values = [arguments for name, arguments in stage.instructions if name == keyword]
-        if values:
-            return values[-1]
-    return None
-
-
-def exec_form(arguments: str) -> list[str]:
-    """CMD/ENTRYPOINT arguments as a list of words (JSON exec form or shell form)."""
-    if arguments.startswith("["):
-        words: list[str] = json.loads(arguments)
-        assert all(isinstance(word, str) for word in words)
-        return words
-    return ["/bin/sh", "-c", arguments]
 
 
 def package_roots() -> list[Path]:
@@ -310,18 +244,9 @@ def build_of(service: Mapping[str, Any]) -> tuple[Path, Path, str | None]:
 def container_command(service: Mapping[str, Any]) -> list[str]:
     """What the container runs: compose entrypoint/command over the image's ones."""
     _, dockerfile, target = build_of(service)
-    stages = parse_dockerfile(dockerfile)
-    if "entrypoint" in service:
-        entrypoint = command_words(service["entrypoint"])
-    else:
-        image_entrypoint = effective(stages, target, "ENTRYPOINT")
-        entrypoint = exec_form(image_entrypoint) if image_entrypoint else []
-    if "command" in service:
-        command = command_words(service["command"])
-    else:
-        image_cmd = effective(stages, target, "CMD")
-        command = exec_form(image_cmd) if image_cmd else []
-    return entrypoint + command
+    entrypoint = command_words(service["entrypoint"]) if "entrypoint" in service else None
+    command = command_words(service["command"]) if "command" in service else None
+    return image_command(dockerfile, target, entrypoint, command)
 
 
 # ------------------------------------------------ (a) the Compose Specification schema
