@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from thorn.store import sqlite_url
+from thorn.store import PoolSettings, sqlite_url
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -20,6 +20,27 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(Path(".thorn"), description="where the embedded SQLite file lives")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite file")
+    db_pool_size: int = Field(
+        20, ge=1, le=1000, description="PostgreSQL: connections each process keeps open"
+    )
+    db_max_overflow: int = Field(
+        10, ge=0, le=1000, description="PostgreSQL: connections opened beyond the pool under load"
+    )
+    db_pool_timeout_s: float = Field(
+        10.0, gt=0, le=300,
+        description="PostgreSQL: longest wait for a free connection (then 503), and for the "
+        "outcome of a COMMIT whose connection was lost",
+    )  # fmt: skip
+    db_pool_recycle_s: int = Field(
+        1800, ge=1, le=86_400, description="PostgreSQL: a connection older than this is replaced"
+    )
+    db_statement_timeout_ms: int = Field(
+        30_000, ge=0, le=3_600_000,
+        description="PostgreSQL: the server cancels a statement that runs longer (503); 0: none",
+    )  # fmt: skip
+    db_connect_timeout_s: int = Field(
+        5, ge=2, le=300, description="PostgreSQL: longest wait to open a connection"
+    )
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server(s), comma-separated")
     admin_token: SecretStr | None = Field(None, description="bootstrap admin bearer token")
     listen: str = Field("127.0.0.1:8080", description="host:port of the HTTP API")
@@ -146,7 +167,26 @@ class Settings(BaseSettings):
 
     @property
     def db_url(self) -> str:
-        return self.database_url or sqlite_url(self.data_dir.resolve())
+        # Set but empty is a mistake to report, not a request for SQLite.
+        if self.database_url is not None:
+            return self.database_url
+        return sqlite_url(self.data_dir.resolve())
+
+    @property
+    def db_variable(self) -> str:
+        """The setting a database problem at start is the fault of."""
+        return "THORN_DATABASE_URL" if self.database_url is not None else "THORN_DATA_DIR"
+
+    @property
+    def db_pool(self) -> PoolSettings:
+        return PoolSettings(
+            size=self.db_pool_size,
+            max_overflow=self.db_max_overflow,
+            timeout_s=self.db_pool_timeout_s,
+            recycle_s=self.db_pool_recycle_s,
+            statement_timeout_ms=self.db_statement_timeout_ms,
+            connect_timeout_s=self.db_connect_timeout_s,
+        )
 
     @property
     def upstream_urls(self) -> dict[str, str]:

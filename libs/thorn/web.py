@@ -1,8 +1,10 @@
 """What every service's HTTP edge shares: error mapping, body limits and pagination.
 
 Domain errors become 4xx with a message that names the field; nothing reaches a 500 for bad
-input. The body limit is enforced while the body streams in, so a liar's Content-Length
-cannot slip a large payload past it.
+input. A database that cannot serve a request now (restarting, unreachable, too slow, out of
+connections) is a 503 with Retry-After, counted by reason; nothing was written. The body
+limit is enforced while the body streams in, so a liar's Content-Length cannot slip a large
+payload past it.
 """
 
 from __future__ import annotations
@@ -10,16 +12,39 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Generic, TypeVar
 
+import structlog
 from fastapi import FastAPI, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from prometheus_client import Counter
 from pydantic import BaseModel, Field
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from thorn.fabric import FabricError, NotFound
+from thorn.store.database import RETRY_AFTER_S, StoreUnavailable, unavailable
 
 T = TypeVar("T")
+
+STORE_UNAVAILABLE = Counter(
+    "thorn_api_store_unavailable_total",
+    "API requests answered 503 because the database could not serve them now, by reason",
+    ["reason"],
+)
+log = structlog.get_logger("thorn.web")
+# What a client is told, by `thorn.store.unavailable`'s reason.
+_UNAVAILABLE = {
+    "connection": "the database connection failed (the server may be restarting)",
+    "statement_timeout": "the database did not finish within THORN_DB_STATEMENT_TIMEOUT_MS",
+    "lock_timeout": "the database did not grant a lock in time",
+    "pool_timeout": "no database connection came free within THORN_DB_POOL_TIMEOUT_S",
+    "read_only": "the database is read-only (a standby, or failing over)",
+    "overloaded": "the database is out of connections, memory or disk",
+    "contention": "the database aborted the transaction for a concurrent one",
+    "locked": "the database file stayed locked by another writer",
+}
 
 
 class ErrorItem(BaseModel):
@@ -109,6 +134,27 @@ def install_error_handlers(app: FastAPI) -> None:
         items = [ErrorItem(loc=["body", *i.loc], msg=i.msg, type=i.kind) for i in exc.issues]
         conflict = any(i.kind == "conflict" for i in exc.issues)
         return _error(409 if conflict else 422, items)
+
+    async def _store(_: Request, exc: Exception) -> JSONResponse:
+        reason = unavailable(exc)
+        if reason is None:
+            raise exc  # not an outage (a bug, data the database refused): a 500, logged
+        STORE_UNAVAILABLE.labels(reason).inc()
+        log.warning("store_unavailable", reason=reason, error=" ".join(str(exc).split())[:300])
+        if isinstance(exc, StoreUnavailable) and reason not in _UNAVAILABLE:
+            why = str(exc)
+        else:
+            why = f"{_UNAVAILABLE.get(reason, 'the database is unavailable')}; nothing was changed"
+        body = ErrorBody(
+            detail=f"{why}; retry in {RETRY_AFTER_S} s",
+            errors=[ErrorItem(loc=["database"], msg=why, type=reason)],
+        )
+        return JSONResponse(
+            body.model_dump(), status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}
+        )
+
+    for kind in (DBAPIError, PoolTimeout, StoreUnavailable):
+        app.add_exception_handler(kind, _store)
 
     @app.exception_handler(NotFound)
     async def _not_found(_: Request, exc: NotFound) -> JSONResponse:

@@ -361,11 +361,16 @@ def agent_problems(daemonset: Object) -> list[str]:
 
 # What each workload must be given, beside THORN_LISTEN and THORN_LOG_LEVEL.
 REQUIRED_VARIABLES = {
-    "topology": {"THORN_DATABASE_URL", "THORN_NATS_URL", "THORN_ADMIN_TOKEN"},
-    "health": {"THORN_DATABASE_URL", "THORN_NATS_URL"},
-    "pathcomp": {"THORN_DATABASE_URL", "THORN_NATS_URL"},
+    "topology": {
+        "THORN_DATABASE_URL",
+        "THORN_NATS_URL",
+        "THORN_NATS_REPLICAS",
+        "THORN_ADMIN_TOKEN",
+    },
+    "health": {"THORN_DATABASE_URL", "THORN_NATS_URL", "THORN_NATS_REPLICAS"},
+    "pathcomp": {"THORN_DATABASE_URL", "THORN_NATS_URL", "THORN_NATS_REPLICAS"},
     "gateway": {"THORN_UPSTREAMS"},
-    "programmer": {"THORN_NATS_URL", "THORN_NODE_NAME"},
+    "programmer": {"THORN_NATS_URL", "THORN_NATS_REPLICAS", "THORN_NODE_NAME"},
 }
 
 
@@ -822,6 +827,18 @@ def test_the_seed_list_names_every_server_the_values_ask_for(
         values = env_values(the_container(workload), base)[0]
         if "THORN_NATS_URL" in values:
             assert values["THORN_NATS_URL"] == config_map["data"]["THORN_NATS_URL"]
+
+
+def test_streams_are_replicated_on_three_servers_at_most_the_cluster_the_values_ask_for(
+    base: list[Object], nats_values: Object
+) -> None:
+    (config_map,) = [o for o in base if o["kind"] == "ConfigMap"]
+    replicas = int(config_map["data"]["THORN_NATS_REPLICAS"])
+    assert replicas == 3 <= nats_values["config"]["cluster"]["replicas"]
+    for workload in workloads(base):
+        values = env_values(the_container(workload), base)[0]
+        if "THORN_NATS_URL" in values:
+            assert values["THORN_NATS_REPLICAS"] == str(replicas)
 
 
 def test_nats_values_run_the_nats_server_minor_the_tests_run(nats_values: Object) -> None:

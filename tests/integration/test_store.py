@@ -216,23 +216,3 @@ async def test_a_write_that_reads_first_waits_for_another_writer_instead_of_fail
 
     _, changed = await asyncio.gather(other_writer(), reads_then_writes())
     assert changed is True
-
-
-async def test_nodes_stored_before_the_offload_policy_are_auto_after_the_upgrade(
-    database_url: str,
-) -> None:
-    from thorn.store.store import _upgrade
-
-    store = await Store.open(database_url, migrate=False)
-    try:
-        async with store.engine.begin() as conn:
-            await conn.run_sync(_upgrade, "0003")
-            await conn.execute(text(
-                "INSERT INTO nodes (name, role, mgmt_address, labels, admin_state) "
-                "VALUES ('host1', 'host', NULL, '{}', 'up')"
-            ))  # fmt: skip
-        await store.migrate()
-        fabric = await store.load()
-        assert fabric.nodes["host1"].offload == "auto"
-    finally:
-        await store.close()

@@ -16,6 +16,8 @@ structlog and counted in Prometheus counters (`thorn_bus_*_total{connection=<nam
 - `client`: `Bus`, the connection: publish, subscribe, request, streams and buckets;
 - `consumer`: `DurableConsumer` and its `Delivery`s (JetStream pull, at-least-once);
 - `kv`: `DesiredStateStore` (one key per node, compare-and-set) and `DesiredStateWatch`;
+- `streams`: streams and buckets made to their specs with THORN_NATS_REPLICAS copies; a
+  count the cluster cannot hold is refused (`ReplicasError`) before anything changes;
 - `errors`, `metrics`: what they say.
 """
 
@@ -26,6 +28,7 @@ from thorn.bus.errors import (
     BusError,
     DesiredStateConflict,
     PublishError,
+    ReplicasError,
     StreamConfigError,
 )
 from thorn.bus.kv import (
@@ -35,7 +38,14 @@ from thorn.bus.kv import (
     DesiredStateStore,
     DesiredStateWatch,
 )
-from thorn.bus.metrics import DECODE_ERRORS, DISCONNECTS, PUBLISH_ERRORS, RECONNECTS
+from thorn.bus.metrics import (
+    DECODE_ERRORS,
+    DISCONNECTS,
+    PUBLISH_ERRORS,
+    RECONNECTS,
+    REPLICAS_REFUSED,
+)
+from thorn.bus.streams import ServerView
 
 __all__ = [
     "CAUGHT_UP",
@@ -43,6 +53,7 @@ __all__ = [
     "DISCONNECTS",
     "PUBLISH_ERRORS",
     "RECONNECTS",
+    "REPLICAS_REFUSED",
     "Bus",
     "BusConnectError",
     "BusError",
@@ -54,5 +65,7 @@ __all__ = [
     "DesiredStateWatch",
     "DurableConsumer",
     "PublishError",
+    "ReplicasError",
+    "ServerView",
     "StreamConfigError",
 ]

@@ -18,15 +18,9 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext, api
-from nats.js.kv import KeyValue
 
 from thorn.bus.consumer import DurableConsumer
-from thorn.bus.errors import (
-    _ERR_STREAM_NAME_IN_USE,
-    BusConnectError,
-    PublishError,
-    StreamConfigError,
-)
+from thorn.bus.errors import BusConnectError, PublishError
 from thorn.bus.kv import DesiredStateStore
 from thorn.bus.metrics import (
     ASYNC_ERRORS,
@@ -36,6 +30,7 @@ from thorn.bus.metrics import (
     PUBLISH_ERRORS,
     RECONNECTS,
 )
+from thorn.bus.streams import ServerView, ensure, server_view
 from thorn.events import (
     DESIRED_STATE_KV,
     STREAMS,
@@ -57,11 +52,14 @@ Handler = Callable[[E], Awaitable[None]]
 class Bus:
     """One NATS connection with JetStream, speaking THORN's typed events."""
 
-    def __init__(self, nc: NatsClient, name: str, publish_timeout: float) -> None:
+    def __init__(
+        self, nc: NatsClient, name: str, publish_timeout: float, replicas: int = 1
+    ) -> None:
         self._nc = nc
         self._js: JetStreamContext = nc.jetstream(timeout=publish_timeout)
         self.name = name
         self.publish_timeout = publish_timeout
+        self.replicas = replicas
         self._connected = asyncio.Event()
         self._connected.set()
         self._closing = False
@@ -75,14 +73,24 @@ class Bus:
         connect_timeout: float = 10.0,
         reconnect_time_wait: float = 0.25,
         publish_timeout: float = 5.0,
-        ping_interval: float = 20.0,
+        ping_interval: float = 5.0,
+        replicas: int = 1,
     ) -> Bus:
-        """Connect to NATS at `url` (one URL or several of a cluster).
+        """Connect to NATS at `url` (one URL, or the seed list of a cluster: comma-separated
+        or a sequence; the servers a cluster advertises are added to the list).
 
         The first connection must succeed within `connect_timeout` (else `BusConnectError`);
-        afterwards the client reconnects forever, `reconnect_time_wait` seconds apart.
+        afterwards the client reconnects forever, `reconnect_time_wait` seconds apart, to any
+        server it knows. A server that dies without closing its connections (its machine
+        lost) is given up after 3 unanswered pings, `ping_interval` s apart. `replicas`: the
+        copies of each stream and bucket this bus creates (THORN_NATS_REPLICAS).
         """
-        servers = [u.strip() for u in url.split(",")] if isinstance(url, str) else list(url)
+        if isinstance(url, str):
+            servers = [u.strip() for u in url.split(",") if u.strip()]
+        else:
+            servers = list(url)
+        if not servers:
+            raise BusConnectError("no NATS server given (THORN_NATS_URL is empty)")
         holder: list[Bus] = []
         nc = NatsClient()
 
@@ -132,7 +140,7 @@ class Bus:
             raise BusConnectError(
                 f"could not connect to NATS at {', '.join(servers)} within {connect_timeout:g} s"
             ) from exc
-        bus = cls(nc, name, publish_timeout)
+        bus = cls(nc, name, publish_timeout, replicas)
         holder.append(bus)
         server = nc.connected_url.netloc if nc.connected_url else None
         log.info("nats_connected", connection=name, server=server)
@@ -148,6 +156,11 @@ class Bus:
     @property
     def js(self) -> JetStreamContext:
         return self._js
+
+    @property
+    def server(self) -> ServerView:
+        """The connected server and its cluster, as its latest INFO says."""
+        return server_view(self._nc)
 
     @property
     def is_connected(self) -> bool:
@@ -187,66 +200,19 @@ class Bus:
         streams: Sequence[StreamSpec] = STREAMS,
         *,
         kv: Sequence[KeyValueSpec] = (DESIRED_STATE_KV,),
-        replicas: int = 1,
+        replicas: int | None = None,
     ) -> None:
-        """Create each stream and KV bucket, or update it to the spec. Idempotent."""
-        for spec in streams:
-            await self._ensure_stream(spec, replicas)
-        for kv_spec in kv:
-            await self._ensure_kv(kv_spec, replicas)
-
-    async def _ensure_stream(self, spec: StreamSpec, replicas: int) -> None:
-        config = api.StreamConfig(
-            name=spec.name,
-            description=spec.description,
-            subjects=list(spec.subjects),
-            retention=api.RetentionPolicy.LIMITS,
-            max_age=spec.max_age,
-            max_bytes=spec.max_bytes,
-            storage=api.StorageType(spec.storage),
-            discard=api.DiscardPolicy.OLD,
-            duplicate_window=spec.duplicate_window,
-            num_replicas=replicas,
+        """Create each stream and KV bucket, or update it to the spec, with `replicas` copies
+        (default: the bus's). Idempotent. Raises `ReplicasError` (nothing created or changed)
+        when the cluster cannot hold that many: see `thorn.bus.streams`."""
+        await ensure(
+            self._js,
+            streams=streams,
+            buckets=kv,
+            replicas=self.replicas if replicas is None else replicas,
+            connection=self.name,
+            server=self.server,
         )
-        try:
-            await self._js.stream_info(spec.name)
-        except nats.js.errors.NotFoundError:
-            await self._js.add_stream(config)
-            log.info("stream_created", stream=spec.name, subjects=list(spec.subjects))
-            return
-        try:
-            await self._js.update_stream(config)
-        except nats.js.errors.APIError as exc:
-            raise StreamConfigError(f"stream {spec.name} cannot be updated: {exc}") from exc
-
-    async def _ensure_kv(self, spec: KeyValueSpec, replicas: int) -> KeyValue:
-        config = api.KeyValueConfig(
-            bucket=spec.bucket,
-            description=spec.description,
-            history=spec.history,
-            max_value_size=spec.max_value_size,
-            max_bytes=spec.max_bytes,
-            storage=api.StorageType(spec.storage),
-            replicas=replicas,
-        )
-        try:
-            return await self._js.create_key_value(config)
-        except nats.js.errors.APIError as exc:
-            if exc.err_code != _ERR_STREAM_NAME_IN_USE:
-                raise
-        # The bucket exists with other settings: bring the limits in line with the spec.
-        kv = await self._js.key_value(spec.bucket)
-        info = await self._js.stream_info(f"KV_{spec.bucket}")
-        current = info.config
-        current.description = spec.description
-        current.max_msgs_per_subject = spec.history
-        current.max_msg_size = spec.max_value_size
-        current.max_bytes = spec.max_bytes
-        try:
-            await self._js.update_stream(current)
-        except nats.js.errors.APIError as exc:
-            raise StreamConfigError(f"KV bucket {spec.bucket} cannot be updated: {exc}") from exc
-        return kv
 
     # ------------------------------------------------------------------------------- publish
 
@@ -422,5 +388,6 @@ class Bus:
         try:
             kv = await self._js.key_value(spec.bucket)
         except nats.js.errors.BucketNotFoundError:
-            kv = await self._ensure_kv(spec, replicas=1)
+            await self.ensure_streams(streams=(), kv=(spec,))
+            kv = await self._js.key_value(spec.bucket)
         return DesiredStateStore(kv, spec.bucket)

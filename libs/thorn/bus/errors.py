@@ -5,6 +5,9 @@ from __future__ import annotations
 # JetStream API error codes the bus reacts to.
 _ERR_STREAM_NAME_IN_USE = 10058  # a stream exists with a different configuration
 _ERR_WRONG_LAST_SEQUENCE = (10071, 10164)
+# The cluster cannot hold the replicas asked for: no suitable peers for placement (10005),
+# insufficient resources (10023), replicas > 1 not supported in non-clustered mode (10074).
+_ERR_REPLICAS = (10005, 10023, 10074)
 
 
 class BusError(Exception):
@@ -25,6 +28,15 @@ class PublishError(BusError):
 
 class StreamConfigError(BusError):
     """A THORN stream or bucket exists with a configuration that cannot be updated in place."""
+
+
+class ReplicasError(StreamConfigError):
+    """The NATS cluster cannot hold the replica count asked for (THORN_NATS_REPLICAS)."""
+
+    def __init__(self, message: str, *, replicas: int, cluster_size: int | None) -> None:
+        super().__init__(message)
+        self.replicas = replicas
+        self.cluster_size = cluster_size
 
 
 class DesiredStateConflict(BusError):

@@ -24,3 +24,7 @@ PUBLISH_ERRORS = _counter("thorn_bus_publish_errors", "failed event publishes, b
 DECODE_ERRORS = _counter("thorn_bus_decode_errors", "received messages that did not decode")
 HANDLER_ERRORS = _counter("thorn_bus_handler_errors", "event handlers that raised")
 ASYNC_ERRORS = _counter("thorn_bus_async_errors", "asynchronous errors reported by the client")
+REPLICAS_REFUSED = _counter(
+    "thorn_bus_replicas_refused",
+    "stream and bucket set-ups refused: more replicas asked for than the NATS cluster holds",
+)

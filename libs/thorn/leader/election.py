@@ -15,11 +15,12 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NatsClient
-from nats.js import JetStreamContext, api
+from nats.js import JetStreamContext
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from thorn.bus import Bus
-from thorn.bus.errors import _ERR_STREAM_NAME_IN_USE, _ERR_WRONG_LAST_SEQUENCE
+from thorn.bus.errors import _ERR_WRONG_LAST_SEQUENCE
+from thorn.bus.streams import ensure, server_view
 from thorn.events import KeyValueSpec
 from thorn.leader.lease import (
     DEFAULT_TTL,
@@ -102,7 +103,7 @@ class LeaderElection:
         *,
         ttl: float = DEFAULT_TTL,
         bucket: KeyValueSpec = LEASES_KV,
-        replicas: int = 1,
+        replicas: int | None = None,
         op_timeout: float | None = None,
         on_transition: Callable[[Transition], Awaitable[None]] | None = None,
         clock: Clock = time.monotonic,
@@ -113,7 +114,9 @@ class LeaderElection:
         self.name = name
         self.candidate_id = candidate_id or make_candidate_id()
         self.bucket = bucket
-        self._replicas = replicas
+        # The bus's replica count (THORN_NATS_REPLICAS), like every other bucket of THORN.
+        self._replicas = replicas if replicas is not None else getattr(conn, "replicas", 1)
+        self._connection = conn.name if isinstance(conn, Bus) else f"election-{name}"
         self._clock = clock
         self._lease = Lease(ttl, clock)
         self._op_timeout_arg = op_timeout
@@ -317,26 +320,13 @@ class LeaderElection:
             return self._kv
         spec = self.bucket
         async with asyncio.timeout(self.op_timeout * 3):
-            try:
-                kv = await self._js.key_value(spec.bucket)
-            except nats.js.errors.BucketNotFoundError:
-                config = api.KeyValueConfig(
-                    bucket=spec.bucket,
-                    description=spec.description,
-                    history=spec.history,
-                    ttl=self.ttl,
-                    max_value_size=spec.max_value_size,
-                    max_bytes=spec.max_bytes,
-                    storage=api.StorageType(spec.storage),
-                    replicas=self._replicas,
-                )
-                try:
-                    kv = await self._js.create_key_value(config)
-                    log.info("lease_bucket_created", bucket=spec.bucket, ttl=self.ttl)
-                except nats.js.errors.APIError as exc:
-                    if exc.err_code != _ERR_STREAM_NAME_IN_USE:
-                        raise
-                    kv = await self._js.key_value(spec.bucket)  # a rival created it first
+            # Created, or brought to the spec and replica count (an existing max_age stays).
+            await ensure(
+                self._js, streams=(), buckets=(spec,), replicas=self._replicas,
+                connection=self._connection, server=server_view(self._nc),
+                ttls={spec.bucket: self.ttl},
+            )  # fmt: skip
+            kv = await self._js.key_value(spec.bucket)
             status = await kv.status()
         max_age = status.ttl
         if not max_age:

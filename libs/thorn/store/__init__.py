@@ -1,5 +1,21 @@
 """The SQL topology store (SQLAlchemy 2.0, Alembic migrations)."""
 
-from thorn.store.store import StaleRevision, Store, database_url, sqlite_url
+from thorn.store.database import (
+    DatabaseUnusable,
+    PoolSettings,
+    StoreUnavailable,
+    database_url,
+    unavailable,
+)
+from thorn.store.store import StaleRevision, Store, sqlite_url
 
-__all__ = ["StaleRevision", "Store", "database_url", "sqlite_url"]
+__all__ = [
+    "DatabaseUnusable",
+    "PoolSettings",
+    "StaleRevision",
+    "Store",
+    "StoreUnavailable",
+    "database_url",
+    "sqlite_url",
+    "unavailable",
+]

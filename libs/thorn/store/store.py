@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, delete, event, func, insert, select, text, update
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, delete, func, insert, inspect, select, text, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from thorn.fabric import Change, EntityKind, Fabric, FabricError
 from thorn.model import (
@@ -37,6 +38,14 @@ from thorn.model import (
     Workload,
 )
 from thorn.store import failovers, health, observed
+from thorn.store.database import (
+    DatabaseUnusable,
+    PoolSettings,
+    masked,
+    open_engine,
+    refused_at_start,
+    transaction,
+)
 from thorn.store.schema import (
     AuditRow,
     LinkRow,
@@ -72,16 +81,6 @@ _DELETE_ORDER: list[EntityKind] = [
 
 class StaleRevision(Exception):
     """Another writer changed the topology since this write was validated."""
-
-
-def database_url(url: str) -> str:
-    """Pick the async driver for a plain SQLite or PostgreSQL URL."""
-    parsed = make_url(url)
-    if parsed.drivername in ("sqlite", "sqlite+pysqlite"):
-        parsed = parsed.set(drivername="sqlite+aiosqlite")
-    elif parsed.drivername in ("postgresql", "postgres", "postgresql+psycopg2"):
-        parsed = parsed.set(drivername="postgresql+psycopg")
-    return parsed.render_as_string(hide_password=False)
 
 
 def sqlite_url(data_dir: Path) -> str:
@@ -129,9 +128,14 @@ def _key_filter(kind: EntityKind, key: str) -> list[Any]:
 class Store:
     """Async access to the topology store. Create with `await Store.open(url)`."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, pool: PoolSettings | None = None) -> None:
         self.engine = engine
         self.dialect = engine.dialect.name
+        self.pool = pool or PoolSettings()
+        # SQLite: take the write lock at BEGIN. A deferred transaction that reads first and
+        # then writes cannot wait for another writer (SQLite refuses the upgrade at once:
+        # "database is locked", seen with the bootstrap token beside health's writer).
+        self._write_engine = engine.execution_options(thorn_write=True)
 
     async def store_id(self) -> int:
         """A random number fixed when the store was created: names this store's events."""
@@ -139,31 +143,46 @@ class Store:
             return await _counter(conn, "store_id")
 
     @classmethod
-    async def open(cls, url: str, migrate: bool = True) -> Store:
-        url = database_url(url)
-        parsed = make_url(url)
-        if parsed.drivername.startswith("sqlite"):
-            if parsed.database and parsed.database != ":memory:":
-                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-            engine = create_async_engine(url, connect_args={"timeout": 30})
-            _sqlite_pragmas(engine)
-        else:
-            engine = create_async_engine(
-                url, pool_size=20, max_overflow=10, pool_pre_ping=True, pool_recycle=1800
-            )
-        store = cls(engine)
+    async def open(
+        cls,
+        url: str,
+        migrate: bool = True,
+        *,
+        pool: PoolSettings | None = None,
+        name: str = "thorn",
+    ) -> Store:
+        """Open the store at `url` and bring its schema to this release's (`migrate`).
+        DatabaseUnusable when the URL cannot give a store (it names the problem)."""
+        pool = pool or PoolSettings()
+        store = cls(open_engine(url, pool, name), pool)
         if migrate:
-            await store.migrate()
+            try:
+                await store.migrate()
+            except DBAPIError as exc:
+                await store.close()
+                refused = refused_at_start(store.engine, exc)
+                if refused is None:
+                    raise
+                raise refused from None
+            except BaseException:
+                await store.close()
+                raise
         return store
 
     async def close(self) -> None:
         await self.engine.dispose()
 
     async def migrate(self) -> None:
+        """Upgrade the schema to head, as every service does at start; replicas take turns.
+        A database with tables but no THORN schema, or at a revision this release does not
+        know (a newer release's), is refused untouched."""
         async with self.engine.begin() as conn:
             if self.dialect == "postgresql":
+                # A migration and the wait for another replica's may take longer than any
+                # one request may.
+                await conn.execute(text("SET LOCAL statement_timeout = 0"))
                 await conn.execute(text(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})"))
-            await conn.run_sync(_upgrade)
+            await conn.run_sync(_upgrade_checked, masked(self.engine.url))
 
     # --- reading ------------------------------------------------------------------------
 
@@ -225,8 +244,20 @@ class Store:
             await _audit(conn, actor, "fabric.import", "fabric", revision, detail)
         return revision
 
-    def _writing(self) -> _WriteTransaction:
-        return _WriteTransaction(self.engine)
+    def _transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
+        """One transaction whose commit is known to have happened or not (`transaction`)."""
+        return transaction(self.engine, self.pool.timeout_s)
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[AsyncConnection]:
+        """A topology write transaction; a unique-constraint hit becomes a FabricError."""
+        try:
+            async with transaction(self._write_engine, self.pool.timeout_s, self.engine) as conn:
+                yield conn
+        except IntegrityError as err:
+            raise FabricError.one(
+                (), f"the store refused the write: {err.orig}", "conflict"
+            ) from err
 
     # --- tokens -------------------------------------------------------------------------
 
@@ -342,7 +373,7 @@ class Store:
         transaction."""
         if not records:
             return
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             await health.write_records(conn, records)
 
     async def health_states(self) -> list[health.LinkStateRecord]:
@@ -367,7 +398,7 @@ class Store:
         was stored before, a redelivery)."""
         if not records:
             return []
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             return await failovers.write_failovers(conn, records)
 
     async def failover_page(
@@ -386,46 +417,18 @@ class Store:
 
     async def put_observed(self, record: observed.ObservedRecord) -> None:
         """Keep `record` as its node's latest registration (the refusal, if any, stays)."""
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             await observed.write_observed(conn, record)
 
     async def put_refused(self, node: str, error: str, at: datetime) -> None:
         """Note that `node`'s latest registration was refused; its last good one stays."""
-        async with self.engine.begin() as conn:
+        async with self._transaction() as conn:
             await observed.write_refused(conn, node, error, at)
 
     async def observed_nodes(self) -> list[observed.ObservedRecord]:
         """Every node's stored registration and last refusal."""
         async with self.engine.connect() as conn:
             return await observed.read_observed(conn)
-
-
-class _WriteTransaction:
-    """`async with` one write transaction; a unique-constraint hit becomes a FabricError."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        # SQLite: take the write lock at BEGIN. A deferred transaction that reads first and
-        # then writes cannot wait for another writer (SQLite refuses the upgrade at once:
-        # "database is locked", seen with the bootstrap token beside health's writer).
-        self._engine = engine.execution_options(thorn_write=True)
-        self._ctx: Any = None
-
-    async def __aenter__(self) -> AsyncConnection:
-        self._ctx = self._engine.begin()
-        conn: AsyncConnection = await self._ctx.__aenter__()
-        return conn
-
-    async def __aexit__(self, *exc: Any) -> None:
-        try:
-            await self._ctx.__aexit__(*exc)
-        except IntegrityError as err:
-            raise FabricError.one(
-                (), f"the store refused the write: {err.orig}", "conflict"
-            ) from err
-        if isinstance(exc[1], IntegrityError):
-            raise FabricError.one(
-                (), f"the store refused the write: {exc[1].orig}", "conflict"
-            ) from exc[1]
 
 
 # --- helpers that run inside one transaction ---------------------------------------------
@@ -528,27 +531,37 @@ def _build_fabric(
     return fabric
 
 
-def _upgrade(conn: Connection, revision: str = "head") -> None:
+def _config(conn: Connection | None = None) -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = conn
-    command.upgrade(config, revision)
+    return config
 
 
-def _sqlite_pragmas(engine: AsyncEngine) -> None:
-    """Foreign keys on, WAL for concurrent readers, and real BEGINs for snapshot reads."""
+def _upgrade(conn: Connection, revision: str = "head") -> None:
+    command.upgrade(_config(conn), revision)
 
-    @event.listens_for(engine.sync_engine, "connect")
-    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
-        dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below drive transactions
-        cursor = dbapi_conn.cursor()
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA synchronous=NORMAL")
-        cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
-    def _on_begin(conn: Connection) -> None:
-        write = conn.get_execution_options().get("thorn_write", False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+def _upgrade_checked(conn: Connection, url: str) -> None:
+    """`_upgrade`, unless the database holds something else than a THORN store."""
+    tables = set(inspect(conn).get_table_names())
+    if tables and "alembic_version" not in tables:
+        shown = ", ".join(sorted(tables)[:5]) + (" ..." if len(tables) > 5 else "")
+        raise DatabaseUnusable(
+            url, "not_thorn",
+            f"the database holds tables that are not a THORN store ({shown}) and was left "
+            "untouched: point the URL at THORN's own database (an empty one is set up)",
+        )  # fmt: skip
+    if "alembic_version" in tables:
+        at = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+        scripts = ScriptDirectory.from_config(_config())
+        known = {s.revision for s in scripts.walk_revisions()}
+        if unknown := [r for r in at if r not in known]:
+            head = scripts.get_current_head()
+            raise DatabaseUnusable(
+                url, "unknown_schema",
+                f"the database is at schema revision {', '.join(unknown)}, which this release "
+                f"(schema {head}) does not know: a newer THORN's database, or another "
+                "application's; it was left untouched",
+            )  # fmt: skip
+    _upgrade(conn)

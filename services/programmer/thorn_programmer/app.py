@@ -139,7 +139,9 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
             await stack.enter_async_context(LoopWatchdog("programmer").running())
             the_bus = bus
             if the_bus is None:
-                the_bus = await Bus.connect(settings.nats_url, name="thorn-programmer")
+                the_bus = await Bus.connect(
+                    settings.nats_url, name="thorn-programmer", replicas=settings.nats_replicas
+                )
                 stack.push_async_callback(the_bus.close)
                 await the_bus.ensure_streams()
             kv = await the_bus.desired_state()
