@@ -66,8 +66,6 @@ SECRET_SAMPLES = {
     ("thorn-db-app", "uri"): "postgresql://thorn:pw@thorn-db-rw.thorn:5432/thorn",
 }
 NODE_NAME_SAMPLE = "gpu-node-01"
-# Each THORN process keeps up to 20 + 10 PostgreSQL connections (thorn.store's pool).
-DB_CONNECTIONS_PER_PROCESS = 30
 
 # Keys of the official NATS chart (nats-io/k8s, helm/charts/nats 1.x) that the values may
 # set, as in the chart's values.yaml and templates (files/config/*.yaml,
@@ -374,6 +372,12 @@ REQUIRED_VARIABLES = {
 }
 
 
+def settings_of(values: dict[str, str]) -> Settings:
+    """The Settings a process with these THORN_* variables builds (unknown ones ignored)."""
+    known = {f"THORN_{field.upper()}": field for field in Settings.model_fields}
+    return Settings(**{known[v]: x for v, x in values.items() if v in known})
+
+
 def env_problems(workload: Object, objects: list[Object]) -> list[str]:
     """Every THORN_* variable is a setting THORN reads, the ones the service needs are there,
     the admin token goes to topology only, and Settings accepts the values."""
@@ -388,9 +392,7 @@ def env_problems(workload: Object, objects: list[Object]) -> list[str]:
     if "THORN_ADMIN_TOKEN" in values and name != "topology":
         problems.append(f"{name}: gets the admin token")
     try:
-        settings = Settings(
-            **{v.removeprefix("THORN_").lower(): x for v, x in values.items() if v in known}
-        )
+        settings = settings_of(values)
         settings.host_port  # noqa: B018 - the services parse these two at start
         settings.upstream_urls  # noqa: B018
     except ValueError as exc:  # pydantic's ValidationError is one
@@ -881,10 +883,14 @@ def test_cnpg_overlay_points_every_controller_at_the_operators_secret(
 
 def test_cnpg_cluster_admits_every_controllers_connection_pool(cnpg: list[Object]) -> None:
     cluster = find(cnpg, "Cluster", "thorn-db")
-    processes = sum(find(cnpg, "Deployment", name)["spec"]["replicas"] for name in CONTROLLERS)
     allowed = int(cluster["spec"]["postgresql"]["parameters"]["max_connections"])
-    # a rolling update runs one more pod of each controller for a while
-    busiest = (processes + len(CONTROLLERS)) * DB_CONNECTIONS_PER_PROCESS
+    busiest = 0
+    for name in CONTROLLERS:
+        deployment = find(cnpg, "Deployment", name)
+        settings = settings_of(env_values(the_container(deployment), cnpg)[0])
+        # a rolling update runs one more pod for a while; each pools this many at most
+        pods = deployment["spec"]["replicas"] + 1
+        busiest += pods * (settings.db_pool_size + settings.db_max_overflow)
     assert allowed >= busiest + 10, (allowed, busiest)
 
 
