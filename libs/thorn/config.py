@@ -42,6 +42,11 @@ class Settings(BaseSettings):
         5, ge=2, le=300, description="PostgreSQL: longest wait to open a connection"
     )
     nats_url: str = Field("nats://127.0.0.1:4222", description="NATS server(s), comma-separated")
+    nats_replicas: int = Field(
+        1, ge=1, le=5,
+        description="copies of every JetStream stream and KV bucket THORN creates: 1 on one "
+        "NATS server, 3 on a 3-server cluster; at most the cluster's size",
+    )  # fmt: skip
     admin_token: SecretStr | None = Field(None, description="bootstrap admin bearer token")
     listen: str = Field("127.0.0.1:8080", description="host:port of the HTTP API")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -35,7 +35,9 @@ async def open_store_and_bus(
             raise exc.naming(settings.db_variable) from None
         stack.push_async_callback(store.close)
     if bus is None:
-        bus = await Bus.connect(settings.nats_url, name=f"thorn-{name}")
+        bus = await Bus.connect(
+            settings.nats_url, name=f"thorn-{name}", replicas=settings.nats_replicas
+        )
         stack.push_async_callback(bus.close)
         await bus.ensure_streams()
     return store, bus
