@@ -61,16 +61,15 @@ Size limits
 
 from __future__ import annotations
 
-import gc
 import re
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from ipaddress import IPv4Address
 from typing import Any, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from thorn.model import Colour, FabricDocument, Role
+from thorn.watchdog import gc_paused
 
 __all__ = [
     "GENERATORS",
@@ -254,19 +253,8 @@ class _Builder:
         k=32: 3.3 s with it running, 1.1 s paused). `model_construct` of every object
         would be about twice as fast again but would skip the model's checks.
         """
-        with _gc_paused():
+        with gc_paused():
             return FabricDocument.model_validate(self.to_dict())
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 # --- parameter checks (shared by the functions and the params models) ----------------------

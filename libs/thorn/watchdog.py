@@ -1,6 +1,7 @@
 """Watchdogs that catch a stalled loop in the act: an event loop held by a blocking call,
 or the BFD runtime's timer thread not run on time; and the one stall no stack shows, the
-interpreter's garbage collector (`GcPauses`, `settle_heap`). Kept free of web imports: the
+interpreter's garbage collector (`GcPauses`, `settle_heap`, `gc_paused`, `keep_long_lived`).
+Kept free of web imports: the
 BFD child process imports it."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 
 import structlog
 from prometheus_client import Histogram
@@ -43,6 +44,40 @@ def settle_heap() -> None:
     than a 10 ms x 3 detection time, and such pauses recurred every few seconds under load;
     after this, under 1 ms. Frozen objects are never freed; start-up objects rarely die."""
     gc.collect()
+    gc.freeze()
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No automatic collection while a big structure is built. Why: each allocation burst
+    triggers full collections that walk everything built so far; building a k=40 fabric
+    snapshot (a few hundred thousand objects) saw ten of them, up to 640 ms each, holding
+    every thread of the process (the API's event loop too). Reference counting still frees."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+@contextmanager
+def building_long_lived() -> Iterator[None]:
+    """Build something big and long-lived (a fabric snapshot) with no collection running,
+    then freeze it out of every later one, without walking it: even a young-generation
+    collection of a fresh k=40 snapshot holds the GIL for 600 ms. What is frozen is still
+    freed by reference counting when replaced (snapshots hold no cycles)."""
+    with gc_paused():
+        yield
+        gc.freeze()
+
+
+def keep_long_lived() -> None:
+    """Move what was just built to last (a plan) out of every later full collection. Only
+    the young generations are collected first: a full collection of a large plan holds the
+    GIL for hundreds of milliseconds."""
+    gc.collect(1)
     gc.freeze()
 
 

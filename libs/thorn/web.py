@@ -9,7 +9,7 @@ payload past it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Generic, TypeVar
 
 import structlog
@@ -106,7 +106,14 @@ class FieldError(Exception):
     def __init__(self, status: int, loc: Sequence[str | int], msg: str, kind: str) -> None:
         super().__init__(msg)
         self.status = status
-        self.item = ErrorItem(loc=list(loc), msg=msg, type=kind)
+        self.items = [ErrorItem(loc=list(loc), msg=msg, type=kind)]
+
+    @classmethod
+    def many(cls, status: int, items: Sequence[Mapping[str, Any]]) -> FieldError:
+        """Several broken fields at once (each a mapping of loc, msg and type)."""
+        error = cls(status, items[0]["loc"], items[0]["msg"], items[0]["type"])
+        error.items = [ErrorItem.model_validate(item) for item in items]
+        return error
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -118,7 +125,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(FieldError)
     async def _field(_: Request, exc: FieldError) -> JSONResponse:
-        return _error(exc.status, [exc.item])
+        return _error(exc.status, exc.items)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

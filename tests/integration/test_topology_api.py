@@ -379,6 +379,24 @@ async def test_a_failed_import_keeps_the_previous_revision_and_publishes_nothing
     assert all(e.revision <= revision for e in api.events)
 
 
+async def test_an_import_that_is_not_json_or_breaks_the_schema_is_refused_by_field(
+    api: Api,
+) -> None:
+    await leaf_spine(api)
+    revision = await api.store.revision()
+    yaml = await api.call("POST", "/fabric/import", content=b"nodes: []",
+                          headers={"Content-Type": "application/yaml"})  # fmt: skip
+    assert yaml.status_code == 415 and "Content-Type" in yaml.json()["detail"]
+    malformed = await api.call("POST", "/fabric/import", content=b'{"nodes": [',
+                               headers={"Content-Type": "application/json"})  # fmt: skip
+    assert malformed.status_code == 400, malformed.text
+    wrong = await api.call("POST", "/fabric/import", json={"nodes": [{"name": "a"}], "x": 1})
+    assert wrong.status_code == 422
+    locs = [e["loc"] for e in wrong.json()["errors"]]
+    assert ["body", "x"] in locs and ["body", "nodes", 0, "role"] in locs
+    assert await api.store.revision() == revision
+
+
 async def test_a_dry_run_import_validates_without_changing_anything(api: Api) -> None:
     response = await api.call("POST", "/fabric/generate/fat-tree?dry_run=true", json={"k": 4})
     assert response.status_code == 200
@@ -400,22 +418,24 @@ async def test_a_generator_dry_run_answers_what_the_real_run_then_stores(api: Ap
     assert refused.status_code == 422 and "spines" in refused.text
 
 
-async def test_a_dry_run_worker_that_dies_is_a_503_and_the_next_dry_run_gets_a_new_one(
+async def test_a_fabric_worker_that_dies_is_a_503_that_stores_nothing_and_the_next_write_gets_a_new_one(
     api: Api,
 ) -> None:
-    dry = "/fabric/generate/fat-tree?dry_run=true"
-    assert (await api.call("POST", dry, json={"k": 4})).status_code == 200
+    generate = "/fabric/generate/fat-tree"
+    assert (await api.call("POST", f"{generate}?dry_run=true", json={"k": 4})).status_code == 200
     assert api.app is not None
     pool = api.app.state.topology._pool
     for worker in list(pool._processes.values()):
         worker.kill()
         worker.join()
-    broken = await api.call("POST", dry, json={"k": 4})
+    broken = await api.call("POST", generate, json={"k": 4})
     assert broken.status_code == 503, broken.text
-    assert broken.json()["errors"][0]["loc"] == ["query", "dry_run"]
-    again = await api.call("POST", dry, json={"k": 4})
-    assert again.status_code == 200 and again.json()["summary"]["hosts"] == 16
+    assert broken.json()["errors"][0]["loc"] == ["body"]
+    assert "try again" in broken.json()["detail"]
     assert await api.store.revision() == 0
+    again = await api.call("POST", generate, json={"k": 4})
+    assert again.status_code == 200 and again.json()["summary"]["hosts"] == 16
+    assert await api.store.revision() == 1
 
 
 async def test_every_generator_produces_a_fabric_the_store_accepts(api: Api) -> None:

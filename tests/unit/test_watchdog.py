@@ -10,7 +10,13 @@ import time
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
-from thorn.watchdog import GcPauses, LoopWatchdog, StallWatchdog, settle_heap
+from thorn.watchdog import (
+    GcPauses,
+    LoopWatchdog,
+    StallWatchdog,
+    building_long_lived,
+    settle_heap,
+)
 
 
 def held_by_a_slow_step() -> None:
@@ -92,4 +98,24 @@ def test_a_settled_heap_is_out_of_the_collectors_walk_and_new_objects_are_not() 
         assert not any(o is made_at_start for o in tracked)
         assert any(o is made_later for o in tracked)
     finally:
+        gc.unfreeze()
+
+
+def test_a_long_lived_build_runs_no_collection_and_is_frozen_after() -> None:
+    collections: list[int] = []
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        frozen_before = gc.get_freeze_count()
+        with building_long_lived():
+            built = [{"i": i} for i in range(50_000)]  # would trigger dozens of collections
+            assert not gc.isenabled()
+        assert gc.isenabled() and collections == []
+        assert gc.get_freeze_count() >= frozen_before + len(built)
+    finally:
+        gc.callbacks.remove(seen)
         gc.unfreeze()

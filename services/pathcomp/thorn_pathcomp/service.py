@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from thorn.events import (
 from thorn.fabric import Fabric
 from thorn.model import AdminState, Role
 from thorn.store import Store
+from thorn.watchdog import building_long_lived, keep_long_lived
 from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
 from thorn_pathcomp.flips import link_flips
@@ -176,7 +176,8 @@ class PathService:
     async def recompute(self, reason: str) -> PlanStatus:
         """A full plan from the store's current topology (start, admin request, big changes)."""
         async with self._lock:
-            fabric = await self.store.load()
+            with building_long_lived():  # no collection walks a big fabric
+                fabric = await self.store.load()
             if not self._health_loaded:
                 await self._load_health()
             start = time.perf_counter()
@@ -219,7 +220,8 @@ class PathService:
             return
         async with self._lock:
             assert self.plan is not None
-            fabric = await self.store.load()
+            with building_long_lived():  # no collection walks a big fabric
+                fabric = await self.store.load()
             if fabric.revision <= (self.fabric.revision if self.fabric else -1):
                 return
             start = time.perf_counter()
@@ -544,12 +546,8 @@ class PathService:
                 await self.bus.publish(event)
             except Exception as exc:  # the documents are written; agents watch the KV
                 log.error("paths_changed_not_published", error=str(exc))
-        # Keep the long-lived plan out of every later full collection. Only the young
-        # generations are collected first: a full collection of a large plan holds the loop
-        # (and the GIL) for hundreds of milliseconds, and the next failure's urgent flips
-        # must not wait behind it. Older garbage is mostly freed by reference counting.
-        gc.collect(1)
-        gc.freeze()
+        # The next failure's urgent flips must not wait behind a full collection of the plan.
+        keep_long_lived()
         return self.status
 
     async def _roll_out(self, states: DesiredStates, changes: list[NodeChange],

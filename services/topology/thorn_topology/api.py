@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any, TypeVar
@@ -11,7 +10,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from thorn import clab, generators
+from thorn import generators
 from thorn.auth import Admin, Operator, Viewer, hash_token, new_token
 from thorn.fabric import Change, Fabric, NotFound
 from thorn.model import (
@@ -40,7 +39,8 @@ from thorn.model import (
     Workload,
 )
 from thorn.rcbudget import RcBudget
-from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
+from thorn.web import ERROR_RESPONSES, ErrorBody, FieldError, Page, PageQuery, paginate
+from thorn_topology.offload import Refused, Source
 from thorn_topology.service import TopologyService
 
 T = TypeVar("T")
@@ -114,22 +114,66 @@ async def fabric_export(_: Viewer, service: Service, request: Request) -> Respon
     return Response(document.json, media_type="application/json", headers=headers)
 
 
-@router.post("/fabric/import", tags=["fabric"], response_model=ImportResult)
-async def fabric_import(
-    principal: Admin,
-    service: Service,
-    document: FabricDocument,
-    dry_run: Annotated[bool, Query(description="validate only; change nothing")] = False,
+DryRun = Annotated[bool, Query(description="validate only; change nothing")]
+# A whole-fabric write may also meet a wrong Content-Type or a dead worker process.
+REPLACE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    415: {"model": ErrorBody, "description": "the body is not JSON"},
+    503: {"model": ErrorBody, "description": "the worker process stopped; try again"},
+}
+
+
+async def _replace(
+    principal: Admin, service: TopologyService, source: Source, dry_run: bool, label: str
 ) -> ImportResult:
-    """Replace the whole fabric with `document`, all or nothing."""
-    summary = await service.replace(principal, document, dry_run=dry_run, source="import")
-    return ImportResult(dry_run=dry_run, summary=summary)
+    """Hand a whole new fabric to the service's worker; its errors become 4xx/503 here."""
+    try:
+        outcome = await service.replace(principal, source, dry_run=dry_run, label=label)
+    except Refused as exc:
+        raise FieldError.many(exc.status, exc.errors) from exc
+    except BrokenProcessPool as exc:
+        raise FieldError(503, ["body"], "the worker reading big fabrics stopped; try again",
+                         "unavailable") from exc  # fmt: skip
+    return ImportResult(dry_run=dry_run, summary=outcome.summary, warnings=outcome.warnings)
+
+
+async def _json_body(request: Request) -> bytes:
+    kind = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if kind != "application/json" and not kind.endswith("+json"):
+        msg = f"the body must be JSON (Content-Type: application/json), not {kind!r}"
+        raise FieldError(415, ["header", "content-type"], msg, "content_type")
+    return await request.body()
+
+
+@router.post(
+    "/fabric/import",
+    tags=["fabric"],
+    response_model=ImportResult,
+    responses=REPLACE_RESPONSES,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/FabricDocument"}}
+            },
+        }
+    },
+)
+async def fabric_import(
+    principal: Admin, service: Service, request: Request, dry_run: DryRun = False
+) -> ImportResult:
+    """Replace the whole fabric with a fabric document (`FabricDocument`), all or nothing.
+
+    The body is read and checked off the API's event loop (a big fabric is seconds of work).
+    """
+    source = Source("json", body=await _json_body(request))
+    return await _replace(principal, service, source, dry_run, "import")
 
 
 @router.post(
     "/fabric/import/containerlab",
     tags=["fabric"],
     response_model=ImportResult,
+    responses={503: REPLACE_RESPONSES[503]},
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -139,48 +183,19 @@ async def fabric_import(
     },
 )
 async def fabric_import_containerlab(
-    principal: Admin,
-    service: Service,
-    request: Request,
-    dry_run: Annotated[bool, Query(description="validate only; change nothing")] = False,
+    principal: Admin, service: Service, request: Request, dry_run: DryRun = False
 ) -> ImportResult:
     """Replace the whole fabric with the nodes and links of a containerlab file."""
-    raw = await request.body()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        msg = f"the containerlab file is not UTF-8 ({exc.reason})"
-        raise FieldError(400, ["body"], msg, "encoding") from exc
-    try:
-        result = clab.parse_clab(text)
-    except clab.ClabError as exc:
-        loc = ["body", exc.loc] if exc.loc else ["body"]
-        raise FieldError(422, loc, exc.message, "containerlab") from exc
-    summary = await service.replace(principal, result.document, dry_run=dry_run, source="clab")
-    return ImportResult(
-        dry_run=dry_run, summary=summary, warnings=[str(w) for w in result.warnings]
-    )
+    source = Source("clab", body=await request.body())
+    return await _replace(principal, service, source, dry_run, "clab")
 
 
 def _generator_route(name: str, params_model: type[BaseModel]) -> None:
     async def generate(
-        principal: Admin,
-        service: Service,
-        params: BaseModel,
-        dry_run: Annotated[bool, Query(description="validate only; change nothing")] = False,
+        principal: Admin, service: Service, params: BaseModel, dry_run: DryRun = False
     ) -> ImportResult:
-        try:  # CPU-bound (seconds at k=40): never on the loop, which keeps serving
-            if dry_run:
-                summary = await service.dry_run_generated(name, params.model_dump())
-                return ImportResult(dry_run=True, summary=summary)
-            document = await asyncio.to_thread(generators.generate, name, params.model_dump())
-        except ValueError as exc:
-            raise FieldError(422, ["body"], str(exc), "generator") from exc
-        except BrokenProcessPool as exc:
-            raise FieldError(503, ["query", "dry_run"], "the worker computing dry runs stopped; "
-                             "try again", "unavailable") from exc  # fmt: skip
-        summary = await service.replace(principal, document, dry_run=dry_run, source=name)
-        return ImportResult(dry_run=dry_run, summary=summary)
+        source = Source("generator", generator=name, params=params.model_dump())
+        return await _replace(principal, service, source, dry_run, name)
 
     # The body's model differs per generator: give FastAPI the concrete class for OpenAPI.
     generate.__annotations__["params"] = params_model
@@ -189,6 +204,7 @@ def _generator_route(name: str, params_model: type[BaseModel]) -> None:
         f"/fabric/generate/{name.replace('_', '-')}",
         tags=["fabric"],
         response_model=ImportResult,
+        responses={503: REPLACE_RESPONSES[503]},
         summary=f"Replace the fabric with a generated {name} topology",
     )(generate)
 

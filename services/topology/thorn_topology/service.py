@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
-import gzip
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -26,9 +23,10 @@ from thorn.auth import Principal
 from thorn.events import Change as EventChange
 from thorn.events import TopologyChanged, utcnow
 from thorn.fabric import Change, Fabric, FabricError, NotFound
-from thorn.model import FabricDocument, FabricSummary
-from thorn.store import StaleRevision, Store
-from thorn_topology.offload import generated_summary, worker_pool
+from thorn.store import StaleRevision, Store, unavailable
+from thorn.watchdog import building_long_lived
+from thorn_topology.export import SerialisedDocument, serialise
+from thorn_topology.offload import Base, Commit, Outcome, Source, replace_fabric, worker_pool
 
 log = structlog.get_logger("thorn.topology")
 
@@ -56,13 +54,6 @@ class Publisher(Protocol):
     async def publish(self, event: TopologyChanged, *, msg_id: str | None = None) -> int | None: ...
 
 
-@dataclass(frozen=True)
-class SerialisedDocument:
-    revision: int
-    json: bytes
-    gzip: bytes
-
-
 class TopologyService:
     def __init__(self, store: Store, bus: Publisher | None, store_id: int = 0) -> None:
         self.store = store
@@ -73,7 +64,8 @@ class TopologyService:
         self._document: SerialisedDocument | None = None
         self._outbox: asyncio.Queue[TopologyChanged] = asyncio.Queue(OUTBOX_SIZE)
         self._publisher: asyncio.Task[None] | None = None
-        self._pool: ProcessPoolExecutor | None = None  # big dry runs, started on first use
+        self._pool: ProcessPoolExecutor | None = None  # big fabric work, started on first use
+        self._url = store.engine.url.render_as_string(hide_password=False)
 
     # --- lifecycle ------------------------------------------------------------------------
 
@@ -97,11 +89,19 @@ class TopologyService:
     # --- reading --------------------------------------------------------------------------
 
     async def _fresh(self) -> Fabric:
-        revision = await self.store.revision()
+        try:
+            revision = await self.store.revision()
+        except Exception as exc:
+            # The database went away under a request that got this far (authenticated, its
+            # write perhaps committed): it is answered from this replica's last snapshot. A
+            # write that failed dropped the snapshot it had changed, so none is served.
+            if self._fabric is None or unavailable(exc) is None:
+                raise
+            return self._fabric
         if self._fabric is None or self._fabric.revision != revision:
-            self._fabric = await self.store.load()
+            with building_long_lived():
+                self._fabric = await self.store.load()
             REVISION.set(self._fabric.revision)
-            _settle()
         return self._fabric
 
     @asynccontextmanager
@@ -118,7 +118,7 @@ class TopologyService:
         async with self._lock:
             fabric = await self._fresh()
             if self._document is None or self._document.revision != fabric.revision:
-                self._document = await asyncio.to_thread(_serialise, fabric)
+                self._document = await asyncio.to_thread(serialise, fabric)
             return self._document
 
     # --- writing --------------------------------------------------------------------------
@@ -161,54 +161,47 @@ class TopologyService:
 
         return await self._with_retries(attempt)
 
-    async def dry_run_generated(self, name: str, params: dict[str, Any]) -> FabricSummary:
-        """A generator's dry run in the worker process: the loop keeps serving meanwhile."""
-        async with self.reading() as current:
-            revision, next_link_id = current.revision, current.next_link_id
+    async def replace(
+        self, principal: Principal, source: Source, *, dry_run: bool, label: str
+    ) -> Outcome:
+        """Make a whole new fabric the topology, all or nothing (`dry_run`: validate only).
+
+        The worker process reads, validates and writes it; this process then serves it.
+        Raises Refused, FabricError, or BrokenProcessPool when the worker died.
+        """
+
+        async def attempt(current: Fabric) -> Outcome:
+            base = Base(current.revision, current.next_link_id)
+            commit = None if dry_run else Commit(self._url, principal.name, label)
+            try:
+                outcome = await self._offload(replace_fabric, source, base, commit)
+            except FabricError:
+                REJECTED.labels("fabric.import").inc()
+                raise
+            if outcome.document is None:
+                return outcome
+            self._document = outcome.document
+            self._fabric = None  # load what the worker stored before anyone reads again
+            await self._fresh()
+            WRITES.labels("fabric.import").inc()
+            self._announce(
+                outcome.document.revision,
+                principal,
+                [{"kind": "fabric", "op": "replace", "key": label}],
+            )
+            return outcome
+
+        return await self._with_retries(attempt)
+
+    async def _offload(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pool is None:
             self._pool = worker_pool()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                self._pool, generated_summary, name, params, revision, next_link_id
-            )
-        except FabricError:
-            REJECTED.labels("fabric.import").inc()
-            raise
+            return await loop.run_in_executor(self._pool, fn, *args)
         except BrokenProcessPool:
             self._pool = None  # the worker died (killed, out of memory): a new one next time
             raise
-
-    async def replace(
-        self, principal: Principal, doc: FabricDocument, *, dry_run: bool, source: str
-    ) -> FabricSummary:
-        """Validate a whole fabric and, unless `dry_run`, make it the topology (all or nothing)."""
-
-        async def attempt(current: Fabric) -> FabricSummary:
-            try:
-                new = await asyncio.to_thread(
-                    Fabric.from_document, doc, current.revision, current.next_link_id
-                )
-            except FabricError:
-                REJECTED.labels("fabric.import").inc()
-                raise
-            if dry_run:
-                return await asyncio.to_thread(new.summary)
-            detail = {"source": source, **new.summary().model_dump(exclude={"revision"})}
-            revision = await self.store.replace(
-                new, expected_revision=current.revision, actor=principal.name, detail=detail
-            )
-            new.revision = revision
-            self._fabric = new
-            REVISION.set(revision)
-            _settle()
-            WRITES.labels("fabric.import").inc()
-            self._announce(
-                revision, principal, [{"kind": "fabric", "op": "replace", "key": source}]
-            )
-            return new.summary()
-
-        return await self._with_retries(attempt)
 
     async def _with_retries(self, attempt: Callable[[Fabric], Awaitable[T]]) -> T:
         """Run a write under the lock; on a concurrent write elsewhere, reload and redo it."""
@@ -261,20 +254,3 @@ class TopologyService:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RETRY_MAX_S)
             self._outbox.task_done()
-
-
-def _settle() -> None:
-    """Move the new long-lived snapshot out of the cyclic GC's reach.
-
-    A fat-tree snapshot is a few hundred thousand objects; without this every full collection
-    walks them all, which showed as 100-300 ms latency spikes under load. They are still freed
-    by reference counting when the snapshot is replaced (the snapshot holds no cycles).
-    """
-    gc.collect()
-    gc.freeze()
-
-
-def _serialise(fabric: Fabric) -> SerialisedDocument:
-    body = fabric.to_document().model_dump_json().encode()
-    # Level 5: most of level 9's ratio on repetitive JSON at a fraction of the CPU.
-    return SerialisedDocument(fabric.revision, body, gzip.compress(body, compresslevel=5, mtime=0))
