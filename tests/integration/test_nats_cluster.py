@@ -359,6 +359,16 @@ async def reconnect_time(bus: Bus, since: float) -> float | None:
     return None
 
 
+async def healthy_after(cluster: NatsCluster, index: int, since: float) -> float | None:
+    """Seconds from `since` until server `index` is healthy (its streams current)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(int(WAIT / 0.1)):
+        if await asyncio.to_thread(cluster.healthy, index):
+            return round(loop.time() - since, 2)
+        await asyncio.sleep(0.1)
+    return None
+
+
 def leaders(cluster: NatsCluster, asked: int) -> dict[str, str | None]:
     """Each of THORN's streams and buckets and the server leading it, as server `asked` sees."""
     streams = cluster.streams(asked)
@@ -499,6 +509,8 @@ async def test_a_server_killed_under_load_loses_no_acknowledged_write_and_rejoin
         await asyncio.sleep(STEADY_S)
         await asyncio.to_thread(cluster.restart, victim)
         restarted_at = loop.time()
+        rejoined = asyncio.create_task(healthy_after(cluster, victim, restarted_at))
+        stack.callback(rejoined.cancel)
         await asyncio.gather(*load)
         loaded = {name: len(w.acked) for name, w in writers.items()}
         # And once it is back.
@@ -511,6 +523,7 @@ async def test_a_server_killed_under_load_loses_no_acknowledged_write_and_rejoin
             "victim_clients": sorted(c.get("name", "?") for c in clients),
             "new_leader_after_s": await elected,
             "test_load_reconnected_after_s": await reconnected,
+            "restarted_healthy_after_s": await rejoined,
             "writers": {
                 kind: {"acked": len(w.acked), "errors": len(w.errors),
                        "acked_while_down": len(w.acked_after(killed_at))

@@ -28,8 +28,9 @@ Safety (never two leaders acting at once):
 * so an old leader stops at least 0.2 * ttl before any rival can acquire. Assumed: clock rates
   of the candidates and the server agree within that margin over one ttl, the server's wall
   clock is not stepped forward, and acknowledged writes survive a server restart (the bucket
-  is file-backed; use replicas=3 in a cluster). Downstream writers can fence on `term` (the
-  KV revision at which leadership was acquired, increasing across terms).
+  is file-backed, with the bus's THORN_NATS_REPLICAS replicas: 3 in a cluster). Downstream
+  writers can fence on `term` (the KV revision at which leadership was acquired, increasing
+  across terms).
 
 Transitions are logged (`leader_elected` / `leader_lost`), exported as the Prometheus gauge
 `thorn_leader{election,candidate}` (1 while leader) and counter
