@@ -12,7 +12,7 @@ import structlog
 import uvicorn
 from fastapi import FastAPI
 
-from thorn.bus import Bus
+from thorn.bus import Bus, ReplicasError
 from thorn.config import Settings
 from thorn.store import DatabaseUnusable, Store
 from thorn.telemetry import configure_logging
@@ -57,6 +57,10 @@ def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
                 yield state
         except DatabaseUnusable as exc:
             refuse_to_start(exc)
+        except ReplicasError:
+            # Logged where refused (`stream_replicas_refused`, naming THORN_NATS_REPLICAS and
+            # the cluster's size): fix the setting, or bring the cluster's servers up.
+            _exit(os.EX_CONFIG)
 
     app.router.lifespan_context = settled
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, loop=loop)
@@ -75,6 +79,11 @@ def refuse_to_start(exc: DatabaseUnusable) -> NoReturn:
         "database_unusable", variable=exc.variable, url=exc.url, problem=exc.problem,
         error=str(exc), exit_code=code,
     )  # fmt: skip
+    _exit(code)
+
+
+def _exit(code: int) -> NoReturn:
+    """Exit now: returning to uvicorn would print the logged failure again as a traceback."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

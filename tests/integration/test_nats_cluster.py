@@ -173,7 +173,7 @@ async def test_more_than_one_replica_on_a_server_that_is_not_clustered_is_refuse
         assert refused("test-r3-alone") == counted + 1
 
 
-async def test_a_service_given_more_replicas_than_servers_exits_naming_the_setting(
+async def test_a_service_given_more_replicas_than_servers_stops_with_one_line_naming_the_setting(
     cluster: NatsCluster, tmp_path: Path
 ) -> None:
     async with await Bus.connect(cluster.url, name="test-r4-service") as bus:
@@ -193,8 +193,11 @@ async def test_a_service_given_more_replicas_than_servers_exits_naming_the_setti
                 process.kill()
                 await process.wait()
         text = output.decode(errors="replace")
-        assert process.returncode != 0, text
-        assert "THORN_NATS_REPLICAS=4" in text and "has 3 servers up" in text, text
+        assert process.returncode == os.EX_CONFIG, text
+        [refusal] = [json.loads(line) for line in text.splitlines() if "replicas_refused" in line]
+        assert refusal["event"] == "stream_replicas_refused" and refusal["cluster_size"] == 3
+        assert "THORN_NATS_REPLICAS=4" in refusal["error"], refusal
+        assert "Traceback" not in text, text
         assert {i.config.name: i.config for i in await bus.js.streams_info()} == before
 
 
