@@ -115,8 +115,11 @@ class LeaderElection:
         self.candidate_id = candidate_id or make_candidate_id()
         self.bucket = bucket
         # The bus's replica count (THORN_NATS_REPLICAS), like every other bucket of THORN.
-        self._replicas = replicas if replicas is not None else getattr(conn, "replicas", 1)
-        self._connection = conn.name if isinstance(conn, Bus) else f"election-{name}"
+        if isinstance(conn, Bus):
+            bus_replicas, self._connection = conn.replicas, conn.name
+        else:
+            bus_replicas, self._connection = 1, f"election-{name}"
+        self._replicas = replicas if replicas is not None else bus_replicas
         self._clock = clock
         self._lease = Lease(ttl, clock)
         self._op_timeout_arg = op_timeout
