@@ -6,6 +6,7 @@ store as it was; a commit that did happen is reported as done."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from tcp_proxy import CommitCutter
 from thorn.auth import hash_token
 from thorn.bus import Bus
 from thorn.config import Settings
+from thorn.events import TOPOLOGY_CHANGED, TopologyChanged
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.model import NodeSpec, Role, TokenRole
@@ -141,6 +143,57 @@ def assert_503(response: httpx.Response, reason: str) -> None:
     body = response.json()
     assert body["errors"][0]["loc"] == ["database"] and body["errors"][0]["type"] == reason
     assert "nothing was changed" in body["detail"] and "retry in 2 s" in body["detail"]
+
+
+async def test_a_write_committed_just_before_the_database_went_away_is_answered_201(
+    postgres_url: str, nats_url: str, tmp_path: Path
+) -> None:
+    """The COMMIT was answered, then the database went away before the response was built:
+    the client hears 201 from the snapshot the write made, not a 503 saying nothing was."""
+    async with (
+        cut_store(postgres_url) as (store, cutter),
+        topology(store, nats_url, tmp_path) as client,
+    ):
+        # the snapshot is loaded (a read transaction, ended by a COMMIT of its own)
+        assert (await client.get("/api/v1/fabric/summary")).status_code == 200
+        cutter.cut_at_commit("dark")
+        created = await client.post("/api/v1/nodes", json=NODE)
+        assert cutter.cuts == 1 and cutter.refusing
+        assert created.status_code == 201, created.text
+        assert created.json()["name"] == "extra1"
+        cutter.refusing = False
+        assert "extra1" in (await store.load()).nodes
+
+
+async def test_an_import_committed_just_before_the_database_went_away_is_answered_and_announced(
+    postgres_url: str, nats_url: str, tmp_path: Path
+) -> None:
+    """The worker process's COMMIT of an import was answered, then the database went away
+    before topology reloaded: 200, and topology.changed goes out for the revision."""
+    announced: list[TopologyChanged] = []
+
+    async def collect(event: TopologyChanged) -> None:
+        announced.append(event)
+
+    async with cut_store(postgres_url) as (store, cutter), await Bus.connect(nats_url) as bus:
+        subscription = await bus.subscribe(TOPOLOGY_CHANGED, collect, model=TopologyChanged)
+        async with topology(store, nats_url, tmp_path) as client:
+            assert (await client.get("/api/v1/fabric/summary")).status_code == 200
+            cutter.cut_at_commit("dark")
+            doc = leaf_spine(2, 3, 2).model_dump(mode="json")
+            imported = await client.post("/api/v1/fabric/import", json=doc)
+            assert cutter.cuts == 1 and cutter.refusing
+            assert imported.status_code == 200, imported.text
+            revision = imported.json()["summary"]["revision"]
+            for _ in range(100):  # published from topology's outbox a moment later
+                if any(e.revision == revision for e in announced):
+                    break
+                await asyncio.sleep(0.05)
+            assert [e.revision for e in announced] == [revision]
+            cutter.refusing = False
+            loaded = await store.load()
+        await subscription.unsubscribe()
+    assert loaded.revision == revision == 2 and len(loaded.nodes) == 2 + 3 + 6
 
 
 async def test_a_write_held_past_the_statement_timeout_is_a_503_and_writes_nothing(

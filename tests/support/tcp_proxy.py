@@ -4,8 +4,10 @@ the one moment where a client cannot know what became of its transaction.
 `cut_at_commit("after")` relays the next COMMIT to the server and closes the client's side
 before the answer comes back (the server commits; the client sees its connection lost).
 `cut_at_commit("before")` closes both sides instead of relaying it (the server never sees
-the COMMIT and rolls back). While `refusing`, new connections are closed at once (the
-server looks away). Everything else is relayed byte for byte.
+the COMMIT and rolls back). `cut_at_commit("dark")` relays the COMMIT and its answer, then
+closes every connection and refuses new ones: the database goes away right after a write
+committed. While `refusing`, new connections are closed at once. Everything else is
+relayed byte for byte.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ class CommitCutter:
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.port = 0
-        self.cut: Literal["before", "after"] | None = None
+        self.cut: Literal["before", "after", "dark"] | None = None
         self.cuts = 0
         self.refusing = False
         self._server: asyncio.Server | None = None
@@ -42,7 +44,7 @@ class CommitCutter:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._server.wait_closed()
 
-    def cut_at_commit(self, when: Literal["before", "after"]) -> None:
+    def cut_at_commit(self, when: Literal["before", "after", "dark"]) -> None:
         """Cut the next connection that sends COMMIT (once)."""
         self.cut = when
 
@@ -66,11 +68,17 @@ class CommitCutter:
                 if self.cut is not None and COMMIT in data:
                     when, self.cut = self.cut, None
                     self.cuts += 1
-                    if when == "after":
-                        back.cancel()  # no answer reaches the client
+                    if when in ("after", "dark"):
+                        back.cancel()  # no answer reaches the client, unless going dark
+                        await asyncio.wait([back])
                         server_w.write(data)
                         await server_w.drain()
-                        await asyncio.sleep(0.2)  # the server commits meanwhile
+                        if when == "dark":
+                            client_w.write(await server_r.read(CHUNK))  # COMMIT's answer
+                            await client_w.drain()
+                            self._go_dark(task)
+                        else:
+                            await asyncio.sleep(0.2)  # the server commits meanwhile
                     break
                 server_w.write(data)
                 await server_w.drain()
@@ -82,6 +90,11 @@ class CommitCutter:
                 with contextlib.suppress(Exception):
                     writer.close()
             self._tasks.discard(task)
+
+    def _go_dark(self, current: asyncio.Task[None]) -> None:
+        self.refusing = True
+        for task in self._tasks - {current}:
+            task.cancel()
 
     @staticmethod
     async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from thorn import clab, generators
 from thorn.fabric import Fabric, FabricError
 from thorn.model import FabricDocument, FabricSummary
-from thorn.store import Store
+from thorn.store import PoolSettings, Store
 from thorn_topology.export import SerialisedDocument, serialise
 
 WORKER_NICENESS = 10
@@ -49,11 +49,13 @@ class Base:
 
 @dataclass(frozen=True)
 class Commit:
-    """Write the new fabric to the store at `url` (None: a dry run, write nothing)."""
+    """Write the new fabric to the store at `url` (None: a dry run, write nothing), with the
+    service's pool and timeouts."""
 
     url: str
     actor: str
     source: str
+    pool: PoolSettings = field(default_factory=PoolSettings)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def replace_fabric(source: Source, base: Base, commit: Commit | None) -> Outcome
     if commit is None:
         return Outcome(fabric.summary(), warnings)
     detail = {"source": commit.source, **fabric.summary().model_dump(exclude={"revision"})}
-    fabric.revision = asyncio.run(_write(commit.url, fabric, base, commit.actor, detail))
+    fabric.revision = asyncio.run(_write(commit, fabric, base, detail))
     return Outcome(fabric.summary(), warnings, serialise(fabric))
 
 
@@ -121,11 +123,13 @@ def _error(loc: list[Any], msg: str, kind: str) -> dict[str, Any]:
     return {"loc": loc, "msg": msg, "type": kind}
 
 
-async def _write(url: str, fabric: Fabric, base: Base, actor: str, detail: dict[str, Any]) -> int:
-    store = await Store.open(url, migrate=False)
+async def _write(commit: Commit, fabric: Fabric, base: Base, detail: dict[str, Any]) -> int:
+    store = await Store.open(
+        commit.url, migrate=False, pool=commit.pool, name="thorn-topology-worker"
+    )
     try:
         return await store.replace(
-            fabric, expected_revision=base.revision, actor=actor, detail=detail
+            fabric, expected_revision=base.revision, actor=commit.actor, detail=detail
         )
     finally:
         await store.close()

@@ -172,7 +172,7 @@ class TopologyService:
 
         async def attempt(current: Fabric) -> Outcome:
             base = Base(current.revision, current.next_link_id)
-            commit = None if dry_run else Commit(self._url, principal.name, label)
+            commit = None if dry_run else Commit(self._url, principal.name, label, self.store.pool)
             try:
                 outcome = await self._offload(replace_fabric, source, base, commit)
             except FabricError:
@@ -181,14 +181,20 @@ class TopologyService:
             if outcome.document is None:
                 return outcome
             self._document = outcome.document
-            self._fabric = None  # load what the worker stored before anyone reads again
-            await self._fresh()
             WRITES.labels("fabric.import").inc()
             self._announce(
                 outcome.document.revision,
                 principal,
                 [{"kind": "fabric", "op": "replace", "key": label}],
             )
+            self._fabric = None  # load what the worker stored before anyone reads again
+            try:
+                await self._fresh()
+            except Exception as exc:
+                if unavailable(exc) is None:
+                    raise
+                # Stored all the same (the worker's commit was answered): said so, and the
+                # next read loads it.
             return outcome
 
         return await self._with_retries(attempt)
