@@ -63,6 +63,12 @@ class ErrorBody(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422)
 }
+ERROR_RESPONSES[503] = {
+    "model": ErrorBody,
+    "description": "The database cannot serve this now (errors[0].type says why); nothing "
+    "was written, except after commit_unknown. Retry after Retry-After seconds.",
+    "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+}
 
 
 class Page(BaseModel, Generic[T]):
@@ -97,7 +103,12 @@ def _error(code: int, items: list[ErrorItem]) -> JSONResponse:
     head = "; ".join(f"{_where(i.loc)}: {i.msg}" for i in items[:3])
     more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
     body = ErrorBody(detail=head + more, errors=items)
-    return JSONResponse(body.model_dump(), status_code=code)
+    return JSONResponse(body.model_dump(), status_code=code, headers=_retry_after(code))
+
+
+def _retry_after(code: int) -> dict[str, str] | None:
+    """Every 503 says when to come back."""
+    return {"Retry-After": str(RETRY_AFTER_S)} if code == 503 else None
 
 
 class FieldError(Exception):
@@ -156,9 +167,7 @@ def install_error_handlers(app: FastAPI) -> None:
             detail=f"{why}; retry in {RETRY_AFTER_S} s",
             errors=[ErrorItem(loc=["database"], msg=why, type=reason)],
         )
-        return JSONResponse(
-            body.model_dump(), status_code=503, headers={"Retry-After": str(RETRY_AFTER_S)}
-        )
+        return JSONResponse(body.model_dump(), status_code=503, headers=_retry_after(503))
 
     for kind in (DBAPIError, PoolTimeout, StoreUnavailable):
         app.add_exception_handler(kind, _store)

@@ -118,7 +118,10 @@ DryRun = Annotated[bool, Query(description="validate only; change nothing")]
 # A whole-fabric write may also meet a wrong Content-Type or a dead worker process.
 REPLACE_RESPONSES: dict[int | str, dict[str, Any]] = {
     415: {"model": ErrorBody, "description": "the body is not JSON"},
-    503: {"model": ErrorBody, "description": "the worker process stopped; try again"},
+    503: {
+        **ERROR_RESPONSES[503],
+        "description": f"{ERROR_RESPONSES[503]['description']} Or the worker process stopped.",
+    },
 }
 
 
