@@ -59,7 +59,8 @@ class Settings(BaseSettings):
     upstreams: str = Field(
         "",
         description="entry point: the services behind it, as name=URL pairs, comma-separated "
-        "(topology=http://127.0.0.1:8081,health=...)",
+        "(topology=http://127.0.0.1:8081,health=...); a name given again adds a replica "
+        "(topology=http://a:8080,topology=http://b:8080)",
     )
     dashboard_dir: Path | None = Field(
         None,
@@ -194,14 +195,18 @@ class Settings(BaseSettings):
         )
 
     @property
-    def upstream_urls(self) -> dict[str, str]:
-        """THORN_UPSTREAMS as service name -> base URL; ValueError naming the variable."""
-        out: dict[str, str] = {}
+    def upstream_urls(self) -> dict[str, tuple[str, ...]]:
+        """THORN_UPSTREAMS as service name -> its replicas' base URLs, in the order given;
+        ValueError naming the variable."""
+        out: dict[str, tuple[str, ...]] = {}
         for pair in filter(None, (p.strip() for p in self.upstreams.split(","))):
             name, sep, url = pair.partition("=")
             if not sep or not name.strip() or not url.strip().startswith(("http://", "https://")):
                 raise ValueError(f"THORN_UPSTREAMS: expected name=http://host:port, got '{pair}'")
-            out[name.strip()] = url.strip().rstrip("/")
+            base = url.strip().rstrip("/")
+            if base in out.get(name.strip(), ()):
+                raise ValueError(f"THORN_UPSTREAMS: {name.strip()}={base} is given twice")
+            out[name.strip()] = (*out.get(name.strip(), ()), base)
         return out
 
     @property

@@ -474,7 +474,7 @@ def test_the_entry_point_reaches_every_service_of_its_route_table(
     upstreams = Settings(upstreams=environment_of(services["gateway"])["THORN_UPSTREAMS"])
     for name in RouteTable.load().services:
         port = listen_port(environment_of(services[name])["THORN_LISTEN"])
-        assert upstreams.upstream_urls.get(name) == f"http://{name}:{port}", name
+        assert upstreams.upstream_urls.get(name) == (f"http://{name}:{port}",), name
 
 
 def test_programmer_agent_programs_the_host_datapath(interpolated: dict[str, Any]) -> None:

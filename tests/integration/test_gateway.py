@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -30,8 +32,12 @@ FABRIC = {"spines": 2, "leaves": 2, "hosts_per_leaf": 1}
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[dict[str, str]]:
-    data = tmp_path_factory.mktemp("gateway")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gateway")
+
+
+@pytest.fixture(scope="module")
+def services(data: Path, nats_url: str) -> Iterator[dict[str, str]]:
     settings = Settings(admin_token=ADMIN, data_dir=data)
     db = data / "thorn.db"
     with (
@@ -45,8 +51,9 @@ def services(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterato
         yield {"topology": topology, "health": health, "pathcomp": pathcomp}
 
 
-def _gateway(services: dict[str, str], db: Path, nats_url: str) -> Iterator[str]:
-    upstreams = ",".join(f"{name}={url}" for name, url in services.items())
+def _gateway(services: Mapping[str, str | list[str]], db: Path, nats_url: str) -> Iterator[str]:
+    upstreams = ",".join(f"{name}={url}" for name, urls in services.items()
+                         for url in ([urls] if isinstance(urls, str) else urls))  # fmt: skip
     settings = Settings(upstreams=upstreams)
     # Up once it answers /healthz at all: with a service down it answers 503.
     with serving("gateway", lambda _s, _b: gateway_app(settings), db, nats_url,
@@ -194,3 +201,142 @@ async def test_a_missing_dashboard_build_says_how_to_build_it(tmp_path: Path) ->
             answer = await client.get(path)
             assert answer.status_code == 503 and "make dashboard" in answer.json()["detail"]
         assert (await client.get("/assets/index.js")).status_code == 404
+
+
+# --- replicas ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def second_topology(data: Path, nats_url: str) -> Iterator[str]:
+    """Another topology replica on the same store and bus."""
+    settings = Settings(admin_token=ADMIN, data_dir=data)
+    with serving("topology-2", lambda s, b: topology_app(settings, store=s, bus=b),
+                 data / "thorn.db", nats_url) as url:  # fmt: skip
+        yield url
+
+
+def answered(gateway: str) -> dict[str, float]:
+    """The gateway's answered attempts per upstream URL, from its /metrics."""
+    counts: dict[str, float] = {}
+    for line in httpx.get(f"{gateway}/metrics").text.splitlines():
+        if line.startswith("thorn_gateway_upstream_requests_total{") and \
+                'outcome="answered"' in line:  # fmt: skip
+            upstream = re.search(r'upstream="([^"]+)"', line)
+            assert upstream is not None
+            counts[upstream.group(1)] = float(line.rpartition(" ")[2])
+    return counts
+
+
+class Breaker:
+    """A replica that dies mid-request: it answers /healthz, reads any other request whole,
+    and then resets the connection without a word. It counts what it was sent."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.received: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            with conn:
+                conn.settimeout(5)
+                data = b""
+                while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+                    data += chunk
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                while length and len(body) < int(length.group(1)):
+                    body += conn.recv(65536)
+                request_line = head.split(b"\r\n")[0].decode()
+                if " /healthz " in request_line:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: 15\r\nconnection: close\r\n\r\n"
+                                 b'{"status":"ok"}')  # fmt: skip
+                    continue
+                self.received.append(request_line)
+                # RST, not FIN: as the kernel answers for a process killed mid-request.
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def breaker() -> Iterator[Breaker]:
+    made = Breaker()
+    yield made
+    made.close()
+
+
+def test_requests_are_spread_over_every_replica_of_a_service(
+    services: dict[str, str], second_topology: str, tmp_path: Path, nats_url: str
+) -> None:
+    replicas = [services["topology"], second_topology]
+    for url in _gateway({**services, "topology": replicas}, tmp_path / "unused.db", nats_url):
+        before = answered(url)
+        for i in range(10):
+            made = httpx.post(f"{url}/api/v1/tenants", json={"name": f"spread{i}"},
+                              headers=AS_ADMIN)  # fmt: skip
+            assert made.status_code == 201, made.text
+            assert httpx.get(f"{url}/api/v1/tenants/spread{i}", headers=AS_ADMIN).is_success
+        after = answered(url)
+        served = {r: after.get(r, 0) - before.get(r, 0) for r in replicas}
+        assert sum(served.values()) == 20
+        assert min(served.values()) >= 5, served  # idle replicas take turns
+        health = httpx.get(f"{url}/healthz").json()["services"]["topology"]
+        assert health["status"] == "ok"
+        assert [r["url"] for r in health["replicas"]] == replicas
+
+
+def test_a_replica_that_refuses_connections_is_passed_over_for_reads_and_writes(
+    services: dict[str, str], tmp_path: Path, nats_url: str
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: nothing was ever sent there
+    for url in _gateway({**services, "topology": [dead, services["topology"]]},
+                        tmp_path / "unused.db", nats_url):  # fmt: skip
+        for i in range(3):
+            made = httpx.post(f"{url}/api/v1/tenants", json={"name": f"passed{i}"},
+                              headers=AS_ADMIN)  # fmt: skip
+            assert made.status_code == 201, made.text
+            assert httpx.get(f"{url}/api/v1/tenants/passed{i}", headers=AS_ADMIN).is_success
+        assert answered(url).get(dead, 0) == 0
+        health = httpx.get(f"{url}/healthz")
+        assert health.status_code == 200  # the service is served, by the replica left
+        topology = health.json()["services"]["topology"]
+        assert topology["status"] == "degraded"
+        assert [r["status"] for r in topology["replicas"]] == ["unreachable", "ok"]
+        metrics = httpx.get(f"{url}/metrics").text
+        assert f'thorn_gateway_upstream_up{{service="topology",upstream="{dead}"}} 0.0' in metrics
+
+
+def test_a_write_whose_connection_broke_after_sending_is_a_502_and_never_sent_again(
+    services: dict[str, str], breaker: Breaker, tmp_path: Path, nats_url: str
+) -> None:
+    # A fresh gateway's first pick is the first replica given: the one that breaks.
+    for url in _gateway({**services, "topology": [breaker.url, services["topology"]]},
+                        tmp_path / "unused.db", nats_url):  # fmt: skip
+        made = httpx.post(f"{url}/api/v1/tenants", json={"name": "unsure"}, headers=AS_ADMIN)
+        assert made.status_code == 502, made.text
+        assert made.headers["retry-after"] == "1"
+        assert "may or may not have been applied" in made.json()["detail"]
+        assert breaker.received == ["POST /api/v1/tenants HTTP/1.1"]
+        # Not replayed on the other replica: the tenant does not exist.
+        assert httpx.get(f"{url}/api/v1/tenants/unsure", headers=AS_ADMIN).status_code == 404
+
+
+def test_a_read_whose_connection_broke_is_answered_by_another_replica(
+    services: dict[str, str], breaker: Breaker, tmp_path: Path, nats_url: str
+) -> None:
+    for url in _gateway({**services, "topology": [breaker.url, services["topology"]]},
+                        tmp_path / "unused.db", nats_url):  # fmt: skip
+        started = time.monotonic()
+        read = httpx.get(f"{url}/api/v1/fabric/summary", headers=AS_ADMIN)
+        assert read.status_code == 200, read.text
+        assert time.monotonic() - started < CONNECT_TIMEOUT_S
+        assert breaker.received == ["GET /api/v1/fabric/summary HTTP/1.1"]
+        assert answered(url).get(services["topology"], 0) >= 1

@@ -18,6 +18,7 @@ PURE_CORES = [
     "thorn_pathcomp.trees",
     "thorn_pathcomp.graph",
     "thorn_gateway.routes",
+    "thorn_gateway.upstreams",
     "thorn.fabric",
     "thorn.health_records",
 ]

@@ -5,10 +5,18 @@ service whose OpenAPI document declares its path, and the answer comes back as i
 streamed (server-sent events included: nothing is buffered). Each service still checks the
 token itself; the entry point only carries the Authorization header along.
 
+- Replicas: a service may have several upstream URLs (THORN_UPSTREAMS names it again for
+  each). Requests go to the replica with the fewest outstanding, among those up (upstreams.py:
+  passive marks from failed requests, active ones from a /healthz every HEALTH_EVERY_S). A
+  request that could not connect moves on to the next replica; so does a GET or HEAD whose
+  connection broke. A POST, PATCH, PUT or DELETE whose connection broke after it was sent is
+  never sent again: it is answered 502 with Retry-After, saying it may or may not have been
+  applied (the client knows whether repeating it is safe; the gateway does not).
 - A path no service declares: 404 naming the path.
-- A service that is down, or not configured: 503 naming the service, within the connect
-  timeout, never a hang.
-- /healthz: the entry point's own health and each service's /healthz; 503 if any is not ok.
+- A service none of whose replicas answers, or not configured: 503 naming the service, with
+  Retry-After, within the connect timeout per replica, never a hang.
+- /healthz: the entry point's own health and each replica's /healthz; 200 while every service
+  has a replica that is ok (a service with some down is `degraded`), else 503.
 - /openapi.json: the running services' documents, merged (`thorn.openapi.merge`).
 - /: the dashboard, built by `make dashboard` (Vite) into THORN_DASHBOARD_DIR; /docs: Swagger
   UI from the same build's local copy (no CDN), over /openapi.json.
@@ -17,6 +25,8 @@ token itself; the entry point only carries the Authorization header along.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +37,7 @@ import structlog
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import Counter, Gauge
 from starlette.background import BackgroundTask
 
 from thorn.config import Settings
@@ -34,12 +45,42 @@ from thorn.openapi import MergeConflict, merge
 from thorn.telemetry import instrument
 from thorn.web import BodyLimit
 from thorn_gateway.routes import RouteTable
+from thorn_gateway.upstreams import Replica, Replicas, pools, replayable
 
 log = structlog.get_logger("thorn.gateway")
 
-CONNECT_TIMEOUT_S = 2.0  # a service that does not accept within this is down: 503
+CONNECT_TIMEOUT_S = 2.0  # a replica that does not accept within this is down: the next one
 READ_TIMEOUT_S = 120.0  # a generator on a big fabric may think this long; SSE: no limit
 HEALTH_TIMEOUT_S = 2.0
+HEALTH_EVERY_S = 2.0  # active health: every replica's /healthz this often
+# Below uvicorn's keep-alive (5 s): the gateway drops an idle connection before the service
+# does, so a request is not sent on a connection the service is just closing (a broken POST).
+KEEPALIVE_S = 2.0
+RETRY_AFTER_S = "1"
+# What became of one attempt of a request at one replica.
+ANSWERED, NOT_CONNECTED, BROKEN, TIMED_OUT = "answered", "not_connected", "broken", "timed_out"
+
+UPSTREAM_REQUESTS = Counter(
+    "thorn_gateway_upstream_requests_total",
+    "Attempts of requests at each replica, by outcome (answered, not_connected: nothing was "
+    "sent, broken: the connection broke after sending, timed_out)",
+    ["service", "upstream", "outcome"],
+)
+UPSTREAM_UP = Gauge(
+    "thorn_gateway_upstream_up",
+    "1 while a replica takes requests (its /healthz is ok and no request failed on it lately)",
+    ["service", "upstream"],
+)
+UPSTREAM_OUTSTANDING = Gauge(
+    "thorn_gateway_upstream_outstanding",
+    "Requests (and open event streams) at each replica now",
+    ["service", "upstream"],
+)
+RETRIED = Counter(
+    "thorn_gateway_retried_total",
+    "Requests sent to another replica after an attempt failed where that is safe",
+    ["service"],
+)
 # Hop-by-hop headers (RFC 9110 7.6.1) are the proxy's own; the rest passes through.
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
                         "te", "trailer", "transfer-encoding", "upgrade", "host",
@@ -57,8 +98,26 @@ SWAGGER_PAGE = """<!doctype html>
 persistAuthorization: true});</script></body></html>"""
 
 
-def _error(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail, "errors": []}, status_code=status)
+def _error(status: int, detail: str, *, retry: bool = False) -> JSONResponse:
+    headers = {"Retry-After": RETRY_AFTER_S} if retry else None
+    return JSONResponse({"detail": detail, "errors": []}, status_code=status, headers=headers)
+
+
+class _Held:
+    """A replica's outstanding count for one attempt, released exactly once (at the end of
+    the answer's stream, or when the attempt fails)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self._held = True
+        replica.outstanding += 1
+        UPSTREAM_OUTSTANDING.labels(replica.service, replica.url).inc()
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self.replica.outstanding -= 1
+            UPSTREAM_OUTSTANDING.labels(self.replica.service, self.replica.url).dec()
 
 
 def create_app(
@@ -69,26 +128,38 @@ def create_app(
     """The entry point for the services in THORN_UPSTREAMS, routed by `table` (default: the
     generated routes.json)."""
     routes = table or RouteTable.load()
-    upstreams = settings.upstream_urls
+    services = pools(settings.upstream_urls)
+    clock = time.monotonic
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
+        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
             app.state.client = client
-            log.info("gateway_ready", upstreams=upstreams, unrouted=[
-                s for s in routes.services if s not in upstreams])  # fmt: skip
-            yield
+            for replica in _all(services):
+                UPSTREAM_UP.labels(replica.service, replica.url).set(1)
+            checker = asyncio.create_task(_check_forever(), name="gateway-health-checks")
+            log.info("gateway_ready", unrouted=[s for s in routes.services if s not in services],
+                     upstreams={n: len(p) for n, p in services.items()})  # fmt: skip
+            try:
+                yield
+            finally:
+                checker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await checker
 
     app = FastAPI(title="THORN", version="0.1.0", lifespan=lifespan, openapi_url=None,
                   docs_url=None, redoc_url=None)  # fmt: skip
 
-    async def health_of(name: str, url: str) -> dict[str, Any]:
+    async def health_of(replica: Replica) -> dict[str, Any]:
+        """One replica's /healthz, which also sets it up or down for the spreading."""
         client: httpx.AsyncClient = app.state.client
         try:
-            answer = await client.get(f"{url}/healthz", timeout=HEALTH_TIMEOUT_S)
+            answer = await client.get(f"{replica.url}/healthz", timeout=HEALTH_TIMEOUT_S)
         except httpx.HTTPError as exc:
-            return {"status": "unreachable", "url": url, "error": type(exc).__name__}
+            _mark(replica, ok=False)
+            return {"status": "unreachable", "url": replica.url, "error": type(exc).__name__}
         try:
             body = answer.json()
         except ValueError:
@@ -96,11 +167,26 @@ def create_app(
         if not isinstance(body, dict):
             body = {}
         status = body.get("status", "ok" if answer.is_success else "unhealthy")
-        return {"status": status, "url": url, **({"problems": body["problems"]}
-                                                  if "problems" in body else {})}  # fmt: skip
+        _mark(replica, ok=answer.is_success and status == "ok")
+        found = {"status": status, "url": replica.url}
+        return {**found, "problems": body["problems"]} if "problems" in body else found
+
+    def _mark(replica: Replica, *, ok: bool) -> None:
+        was = replica.up(clock())
+        Replicas.checked(replica, ok)
+        now_up = replica.up(clock())
+        UPSTREAM_UP.labels(replica.service, replica.url).set(int(now_up))
+        if was != now_up:
+            log.info("upstream_up" if now_up else "upstream_down", service=replica.service,
+                     upstream=replica.url, reason="healthz")  # fmt: skip
+
+    async def _check_forever() -> None:
+        while True:
+            await asyncio.gather(*(health_of(r) for r in _all(services)))
+            await asyncio.sleep(HEALTH_EVERY_S)
 
     def problems() -> list[str]:
-        return [f"{s}: not configured" for s in routes.services if s not in upstreams]
+        return [f"{s}: not configured" for s in routes.services if s not in services]
 
     # Each service limits its own bodies; this only bounds what the entry point holds.
     app.add_middleware(BodyLimit, default=settings.max_import_bytes, large={})
@@ -108,31 +194,95 @@ def create_app(
 
     @app.get("/healthz", include_in_schema=False)
     async def healthz() -> JSONResponse:
-        names = list(upstreams)
-        found = await asyncio.gather(*(health_of(n, upstreams[n]) for n in names))
-        services = dict(zip(names, found, strict=True))
+        found = await asyncio.gather(*(health_of(r) for r in _all(services)))
+        by_url = {(r.service, r.url): f for r, f in zip(_all(services), found, strict=True)}
+        report: dict[str, Any] = {}
+        for name, pool in services.items():
+            replicas = [by_url[(name, r.url)] for r in pool.replicas]
+            ok = sum(r["status"] == "ok" for r in replicas)
+            status = ("ok" if ok == len(replicas) else "degraded" if ok else
+                      replicas[0]["status"] if len(replicas) == 1 else "down")  # fmt: skip
+            report[name] = {"status": status, "replicas": replicas}
         missing = problems()
-        ok = not missing and all(s["status"] == "ok" for s in services.values())
-        body = {"status": "ok" if ok else "degraded", "service": "gateway",
-                "services": services, **({"problems": missing} if missing else {})}  # fmt: skip
-        return JSONResponse(body, status_code=200 if ok else 503)
+        serving = not missing and all(s["status"] in ("ok", "degraded") for s in report.values())
+        everything = serving and all(s["status"] == "ok" for s in report.values())
+        body = {"status": "ok" if everything else "degraded", "service": "gateway",
+                "services": report, **({"problems": missing} if missing else {})}  # fmt: skip
+        return JSONResponse(body, status_code=200 if serving else 503)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi() -> JSONResponse:
-        client: httpx.AsyncClient = app.state.client
         docs: dict[str, Any] = {}
-        for name, url in upstreams.items():
+        for name, pool in services.items():
+            sent = await _send(pool, "GET", "/openapi.json", {}, b"", None)
+            if isinstance(sent, JSONResponse):
+                return sent
+            answer, held = sent
             try:
-                answer = await client.get(f"{url}/openapi.json")
+                await answer.aread()
                 answer.raise_for_status()
                 docs[name] = answer.json()
             except (httpx.HTTPError, ValueError):
                 return _error(503, f"service {name} is unavailable: its OpenAPI document "
-                                   "could not be read")  # fmt: skip
+                                   "could not be read", retry=True)  # fmt: skip
+            finally:
+                held.release()
+                await answer.aclose()
         try:
             return JSONResponse(merge(docs))
         except MergeConflict as exc:
             return _error(503, f"the services' documents disagree: {exc}")
+
+    async def _send(
+        pool: Replicas,
+        method: str,
+        target: str,
+        headers: dict[str, str],
+        body: bytes,
+        limits: httpx.Timeout | None,
+    ) -> tuple[httpx.Response, _Held] | JSONResponse:
+        """`target` at one replica of `pool` after another, while that is safe: the answer,
+        its body still to be read, with the hold on its replica to release once it is; or
+        the error to give."""
+        client: httpx.AsyncClient = app.state.client
+        service, tried = pool.service, list[Replica]()
+        while (replica := pool.pick(clock(), tried)) is not None:
+            if tried:
+                RETRIED.labels(service).inc()
+            tried.append(replica)
+            outbound = client.build_request(
+                method, f"{replica.url}{target}", headers=headers, content=body,
+                timeout=limits or client.timeout,
+            )  # fmt: skip
+            held = _Held(replica)
+            error: httpx.TransportError
+            try:
+                answer = await client.send(outbound, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                outcome, sent, error = NOT_CONNECTED, False, exc
+            except httpx.TimeoutException as exc:  # read or write: the replica is slow, not gone
+                outcome, sent, error = TIMED_OUT, True, exc
+            except httpx.TransportError as exc:  # reset, closed mid-answer: it may have died
+                outcome, sent, error = BROKEN, True, exc
+            else:
+                UPSTREAM_REQUESTS.labels(service, replica.url, ANSWERED).inc()
+                return answer, held
+            held.release()
+            UPSTREAM_REQUESTS.labels(service, replica.url, outcome).inc()
+            if outcome != TIMED_OUT:
+                Replicas.failed(replica, clock())
+                UPSTREAM_UP.labels(service, replica.url).set(0)
+                log.warning("upstream_failed", service=service, upstream=replica.url,
+                            outcome=outcome, method=method, error=type(error).__name__)  # fmt: skip
+            if not replayable(method, sent):
+                if outcome == TIMED_OUT:
+                    return _error(503, f"service {service} did not answer in time; the "
+                                       "request may or may not have been applied")  # fmt: skip
+                return _error(502, f"service {service} failed: the connection to {replica.url} "
+                                   f"broke after the request was sent ({type(error).__name__});"
+                                   " it may or may not have been applied", retry=True)  # fmt: skip
+        urls = ", ".join(r.url for r in tried)
+        return _error(503, f"service {service} is unavailable (no answer at {urls})", retry=True)
 
     @app.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
                    include_in_schema=False)  # fmt: skip
@@ -141,31 +291,36 @@ def create_app(
         service = routes.service_for(path)
         if service is None:
             return _error(404, f"no THORN service serves {path}")
-        base = upstreams.get(service)
-        if base is None:
+        pool = services.get(service)
+        if pool is None:
             return _error(503, f"service {service} is not configured behind this entry point")
-        client: httpx.AsyncClient = app.state.client
         headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
         # A server-sent event stream may be quiet for minutes: no read timeout for it.
         streaming = "text/event-stream" in request.headers.get("accept", "")
-        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S) if streaming else client.timeout
+        timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S) if streaming else None
         query = f"?{request.url.query}" if request.url.query else ""  # as sent, unparsed
-        outbound = client.build_request(
-            request.method, f"{base}{path}{query}", headers=headers,
-            content=await request.body(), timeout=timeout,
-        )  # fmt: skip
-        try:
-            answer = await client.send(outbound, stream=True)
-        except httpx.ConnectError:
-            return _error(503, f"service {service} is unavailable (no answer at {base})")
-        except httpx.TimeoutException:
-            return _error(503, f"service {service} did not answer in time")
-        except httpx.HTTPError as exc:
-            return _error(502, f"service {service} failed: {type(exc).__name__}")
+        sent = await _send(pool, request.method, f"{path}{query}", headers,
+                           await request.body(), timeout)  # fmt: skip
+        if isinstance(sent, JSONResponse):
+            return sent
+        answer, held = sent
+
+        async def done() -> None:
+            held.release()
+            await answer.aclose()
+
+        async def relay() -> AsyncIterator[bytes]:
+            # The replica is held until the answer is over, however it ends: a client that
+            # goes away mid-stream cancels this generator, and the background task is not run.
+            try:
+                async for chunk in answer.aiter_raw():
+                    yield chunk
+            finally:
+                await done()
+
         back = {k: v for k, v in answer.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(answer.aiter_raw(), status_code=answer.status_code,
-                                 headers=back,
-                                 background=BackgroundTask(answer.aclose))  # fmt: skip
+        return StreamingResponse(relay(), status_code=answer.status_code, headers=back,
+                                 background=BackgroundTask(done))  # fmt: skip
 
     dashboard = settings.dashboard_dir or BUILT_DASHBOARD
     for sub in ("assets", "swagger"):
@@ -187,3 +342,7 @@ def create_app(
         return HTMLResponse(SWAGGER_PAGE)
 
     return app
+
+
+def _all(services: dict[str, Replicas]) -> list[Replica]:
+    return [replica for pool in services.values() for replica in pool.replicas]
