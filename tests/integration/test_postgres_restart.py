@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from nats.errors import NoRespondersError
 from pg_server import PgServer, pg_bin
 from service_process import ServiceProcess, service_process
 
@@ -360,6 +361,19 @@ async def report_carrier(bus: Bus, seq: int, up: bool) -> AgentReportReply:
     return AgentReportReply.model_validate_json(msg.data)
 
 
+async def until_active(bus: Bus, seq: Iterator[int]) -> None:
+    """Until health takes agent reports: it is the active replica once it holds the lease
+    (1 s here; the previous test's replica may still hold it for that long)."""
+    for _ in range(100):
+        try:
+            if (await report_carrier(bus, next(seq), up=True)).ok:
+                return
+        except (TimeoutError, NoRespondersError):
+            pass
+        await asyncio.sleep(0.1)
+    raise AssertionError("health did not become the active replica within 10 s")
+
+
 def stored(pg: PgServer, database: str) -> tuple[int, list[tuple[Any, ...]], list[Any]]:
     """(failover rows, link 5's failures (state, open), link 5's stored machine state)."""
     with psycopg.connect(pg.conninfo(database), connect_timeout=2) as conn:
@@ -391,13 +405,7 @@ async def test_what_health_takes_while_postgres_is_down_is_stored_once_when_it_i
         await bus.js.purge_stream(STREAM_FAILOVER.name)
         with service_process("thorn-health", env, tmp_path) as health:
             seq = itertools.count()
-            for _ in range(100):  # until health is the active replica (its lease is 1 s)
-                try:
-                    if (await report_carrier(bus, next(seq), up=True)).ok:
-                        break
-                except TimeoutError:
-                    pass
-                await asyncio.sleep(0.1)
+            await until_active(bus, seq)
             failovers = Failovers(bus)
             await failovers.send(10)
             # The server goes away; meanwhile the agents report and flip.
