@@ -34,7 +34,7 @@ def opened(link_id: int, at: datetime, source: str = "carrier:leaf1:swp1") -> Fa
 async def test_the_store_is_at_the_failover_migration(store: Store) -> None:
     async with store.engine.connect() as conn:
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
-    assert version == "0006"
+    assert version == "0007"
 
 
 async def test_link_machines_are_kept_one_per_link_and_forgotten_with_the_link(

@@ -186,7 +186,7 @@ async def test_migrations_match_the_declared_schema(store: Store) -> None:
     async with store.engine.connect() as conn:
         assert await conn.run_sync(diff) == []
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
-    assert version == "0006"
+    assert version == "0007"
 
 
 async def test_opening_twice_is_idempotent(store: Store, database_url: str) -> None:

@@ -23,6 +23,7 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -142,6 +143,17 @@ class AuditRow(Base):
     revision: Mapped[int | None] = mapped_column(Integer)
     detail: Mapped[dict[str, Any]]
     __table_args__ = (Index("ix_audit_log_actor", "actor"), Index("ix_audit_log_at", "at"))
+
+
+class TopologyOutboxRow(Base):
+    """A topology.changed event not yet known to be in the stream: written in the same
+    transaction as its revision, deleted once JetStream has acknowledged it. Whichever
+    replica finds one left behind (its writer died before sending) sends it."""
+
+    __tablename__ = "topology_outbox"
+    revision: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    event: Mapped[str] = mapped_column(Text)  # the event's JSON, as it is published
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))  # when it was committed
 
 
 # --- health: each link's machine (for a restart) and the failure history ------------------

@@ -3,7 +3,9 @@
 SQLite (a file in the data directory) by default, PostgreSQL by URL. Every write is one
 transaction that (1) bumps the topology revision with compare-and-set, so a writer that
 validated against a stale fabric is refused instead of corrupting it, (2) applies the rows,
-and (3) appends an audit entry naming the actor.
+(3) appends an audit entry naming the actor, and (4) puts the write's topology.changed event
+in the outbox (`topology_outbox`), so that an event is never lost with the process that
+committed its write.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from thorn.store.schema import (
     TenantRow,
     TepRow,
     TokenRow,
+    TopologyOutboxRow,
     VniRow,
     WorkloadRow,
 )
@@ -216,20 +219,31 @@ class Store:
         action: str,
         target: str,
         detail: dict[str, Any],
+        event: str | None = None,
     ) -> int:
-        """Apply one validated operation; return the new revision."""
+        """Apply one validated operation; return the new revision, which is always
+        `expected_revision + 1`. `event`: the write's topology.changed (JSON, made for that
+        revision), put in the outbox in the same transaction."""
         async with self._writing() as conn:
             revision = await _bump(conn, expected_revision)
             for change in changes:
                 await _apply(conn, change)
             await _set_counter(conn, "next_link_id", next_link_id)
             await _audit(conn, actor, action, target, revision, detail)
+            await _outbox(conn, revision, event)
         return revision
 
     async def replace(
-        self, fabric: Fabric, *, expected_revision: int, actor: str, detail: dict[str, Any]
+        self,
+        fabric: Fabric,
+        *,
+        expected_revision: int,
+        actor: str,
+        detail: dict[str, Any],
+        event: str | None = None,
     ) -> int:
-        """Replace the whole fabric (bulk import) in one transaction; return the revision."""
+        """Replace the whole fabric (bulk import) in one transaction; return the revision
+        (`expected_revision + 1`). `event` as for `commit`."""
         by_kind: dict[EntityKind, list[dict[str, Any]]] = defaultdict(list)
         for change in fabric.all_changes():
             by_kind[change.kind].append(_row(change))
@@ -242,7 +256,30 @@ class Store:
                     await conn.execute(insert(_TABLES[kind]), by_kind[kind])
             await _set_counter(conn, "next_link_id", fabric.next_link_id)
             await _audit(conn, actor, "fabric.import", "fabric", revision, detail)
+            await _outbox(conn, revision, event)
         return revision
+
+    # --- the outbox of topology.changed -----------------------------------------------------
+
+    async def unannounced(self, *, before: datetime, limit: int = 500) -> list[tuple[int, str]]:
+        """Outbox events committed before `before`, oldest revision first: (revision, JSON)."""
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(TopologyOutboxRow.revision, TopologyOutboxRow.event)
+                .where(TopologyOutboxRow.at < before)
+                .order_by(TopologyOutboxRow.revision)
+                .limit(limit)
+            )
+            return [(int(revision), str(event)) for revision, event in rows]
+
+    async def announced(self, revisions: Sequence[int]) -> None:
+        """Take events JetStream has acknowledged out of the outbox."""
+        if not revisions:
+            return
+        async with self._transaction() as conn:
+            await conn.execute(
+                delete(TopologyOutboxRow).where(TopologyOutboxRow.revision.in_(revisions))
+            )
 
     def _transaction(self) -> AbstractAsyncContextManager[AsyncConnection]:
         """One transaction whose commit is known to have happened or not (`transaction`)."""
@@ -484,6 +521,12 @@ async def _audit(
             "detail": detail,
         },
     )
+
+
+async def _outbox(conn: AsyncConnection, revision: int, event: str | None) -> None:
+    if event is not None:
+        await conn.execute(insert(TopologyOutboxRow), {"revision": revision, "event": event,
+                                                       "at": _now()})  # fmt: skip
 
 
 def _token_public(row: dict[str, Any]) -> TokenPublic:

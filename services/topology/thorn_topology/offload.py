@@ -50,12 +50,13 @@ class Base:
 @dataclass(frozen=True)
 class Commit:
     """Write the new fabric to the store at `url` (None: a dry run, write nothing), with the
-    service's pool and timeouts."""
+    service's pool and timeouts, and its topology.changed (JSON) in the outbox."""
 
     url: str
     actor: str
     source: str
     pool: PoolSettings = field(default_factory=PoolSettings)
+    event: str | None = None
 
 
 @dataclass(frozen=True)
@@ -128,9 +129,8 @@ async def _write(commit: Commit, fabric: Fabric, base: Base, detail: dict[str, A
         commit.url, migrate=False, pool=commit.pool, name="thorn-topology-worker"
     )
     try:
-        return await store.replace(
-            fabric, expected_revision=base.revision, actor=commit.actor, detail=detail
-        )
+        return await store.replace(fabric, expected_revision=base.revision, actor=commit.actor,
+                                   detail=detail, event=commit.event)  # fmt: skip
     finally:
         await store.close()
 

@@ -2,19 +2,19 @@
 
 Reads are served from an in-memory snapshot of the store, refreshed whenever the store's
 revision moves (another replica may have written). A write validates against the snapshot,
-commits with compare-and-set on the revision, and only then queues `topology.changed`; one
-publisher task sends the queue in revision order and retries while NATS is away.
+commits with compare-and-set on the revision, with its `topology.changed` in the store's
+outbox in the same transaction, and then hands the event to the announcer (announcer.py),
+which sends it, or finds it left behind by a replica that died, and sends it once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import asynccontextmanager
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import Counter, Gauge
@@ -25,6 +25,7 @@ from thorn.events import TopologyChanged, utcnow
 from thorn.fabric import Change, Fabric, FabricError, NotFound
 from thorn.store import StaleRevision, Store, unavailable
 from thorn.watchdog import building_long_lived
+from thorn_topology.announcer import Announcer, Publisher
 from thorn_topology.export import SerialisedDocument, serialise
 from thorn_topology.offload import Base, Commit, Outcome, Source, replace_fabric, worker_pool
 
@@ -33,25 +34,12 @@ log = structlog.get_logger("thorn.topology")
 REVISION = Gauge("thorn_topology_revision", "Topology revision this replica serves")
 WRITES = Counter("thorn_topology_writes_total", "Committed topology writes", ["action"])
 REJECTED = Counter("thorn_topology_rejected_total", "Writes refused by fabric rules", ["action"])
-ANNOUNCE_ERRORS = Counter(
-    "thorn_topology_announce_errors_total", "Failed attempts to publish topology.changed"
-)
-ANNOUNCE_DROPPED = Counter(
-    "thorn_topology_announce_dropped_total", "topology.changed events dropped (queue full)"
-)
 # Events carry at most this many change entries; bigger writes are summarised.
 MAX_EVENT_CHANGES = 500
 WRITE_ATTEMPTS = 3
-OUTBOX_SIZE = 10_000
-RETRY_MAX_S = 2.0
-DRAIN_TIMEOUT_S = 5.0
 
 Operation = Callable[[Fabric], list[Change]]
 T = TypeVar("T")
-
-
-class Publisher(Protocol):
-    async def publish(self, event: TopologyChanged, *, msg_id: str | None = None) -> int | None: ...
 
 
 class TopologyService:
@@ -59,32 +47,25 @@ class TopologyService:
         self.store = store
         self.bus = bus
         self.store_id = store_id
+        self.announcer = Announcer(store, bus, store_id) if bus is not None else None
         self._fabric: Fabric | None = None
         self._lock = asyncio.Lock()
         self._document: SerialisedDocument | None = None
-        self._outbox: asyncio.Queue[TopologyChanged] = asyncio.Queue(OUTBOX_SIZE)
-        self._publisher: asyncio.Task[None] | None = None
         self._pool: ProcessPoolExecutor | None = None  # big fabric work, started on first use
         self._url = store.engine.url.render_as_string(hide_password=False)
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> None:
-        if self.bus is not None:
-            self._publisher = asyncio.create_task(self._publish_forever(self.bus))
+        if self.announcer is not None:
+            self.announcer.start()
 
     async def stop(self) -> None:
-        """Give queued events a moment to go out, then stop the publisher."""
+        """Give queued events a moment to go out, then stop the announcer."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._publisher is None:
-            return
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(DRAIN_TIMEOUT_S):
-                await self._outbox.join()
-        self._publisher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._publisher
+        if self.announcer is not None:
+            await self.announcer.stop()
 
     # --- reading --------------------------------------------------------------------------
 
@@ -145,6 +126,8 @@ class TopologyService:
                 raise  # the fabric refused it before changing anything
             if not changes:
                 return fabric.revision, changes
+            # The compare-and-set makes the new revision this one or none.
+            event = self._event(fabric.revision + 1, principal, [c.summary for c in changes])
             revision = await self.store.commit(
                 changes,
                 expected_revision=fabric.revision,
@@ -153,10 +136,11 @@ class TopologyService:
                 action=action,
                 target=target,
                 detail=detail or {},
+                event=event.model_dump_json(),
             )
             fabric.revision = revision
             WRITES.labels(action).inc()
-            self._announce(revision, principal, [c.summary for c in changes])
+            self._announce(event)
             return revision, changes
 
         return await self._with_retries(attempt)
@@ -172,7 +156,11 @@ class TopologyService:
 
         async def attempt(current: Fabric) -> Outcome:
             base = Base(current.revision, current.next_link_id)
-            commit = None if dry_run else Commit(self._url, principal.name, label, self.store.pool)
+            event = self._event(
+                current.revision + 1, principal, [{"kind": "fabric", "op": "replace", "key": label}]
+            )
+            pool, data = self.store.pool, event.model_dump_json()
+            commit = None if dry_run else Commit(self._url, principal.name, label, pool, data)
             try:
                 outcome = await self._offload(replace_fabric, source, base, commit)
             except FabricError:
@@ -182,11 +170,7 @@ class TopologyService:
                 return outcome
             self._document = outcome.document
             WRITES.labels("fabric.import").inc()
-            self._announce(
-                outcome.document.revision,
-                principal,
-                [{"kind": "fabric", "op": "replace", "key": label}],
-            )
+            self._announce(event)
             self._fabric = None  # load what the worker stored before anyone reads again
             try:
                 await self._fresh()
@@ -227,36 +211,21 @@ class TopologyService:
 
     # --- events ---------------------------------------------------------------------------
 
-    def _announce(self, revision: int, principal: Principal, changes: list[dict[str, str]]) -> None:
-        """Queue topology.changed; called under the write lock, so the queue is in order."""
+    @staticmethod
+    def _event(
+        revision: int, principal: Principal, changes: list[dict[str, str]]
+    ) -> TopologyChanged:
+        """The topology.changed of a write that makes `revision`."""
         if len(changes) > MAX_EVENT_CHANGES:
             changes = [{"kind": "fabric", "op": "update", "key": f"{len(changes)} changes"}]
-        event = TopologyChanged(
+        return TopologyChanged(
             revision=revision,
             at=utcnow(),
             actor=principal.name,
             changes=[EventChange.model_validate(c) for c in changes],
         )
-        if self.bus is None:
-            return
-        try:
-            self._outbox.put_nowait(event)
-        except asyncio.QueueFull:  # NATS away for long: consumers catch up from the revision
-            ANNOUNCE_DROPPED.inc()
-            log.error("announce_dropped", revision=revision)
 
-    async def _publish_forever(self, bus: Publisher) -> None:
-        while True:
-            event = await self._outbox.get()
-            delay = 0.05
-            while True:
-                try:
-                    msg_id = f"topology-{self.store_id:x}-{event.revision}"
-                    await bus.publish(event, msg_id=msg_id)
-                    break
-                except Exception as exc:
-                    ANNOUNCE_ERRORS.inc()
-                    log.warning("announce_retry", revision=event.revision, error=str(exc))
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX_S)
-            self._outbox.task_done()
+    def _announce(self, event: TopologyChanged) -> None:
+        """Send a committed write's event; called under the write lock, so in order."""
+        if self.announcer is not None:
+            self.announcer.queue(event)
