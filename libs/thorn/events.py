@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
@@ -235,13 +235,17 @@ class Event(BaseModel):
 
 
 class Change(BaseModel):
-    """One entity touched by a topology change: its kind (e.g. "link"), the operation, its key."""
+    """One entity touched by a topology change: its kind (e.g. "link"), the operation, its key
+    and, for a create or an update, its new row."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: str = Field(min_length=1)
     op: Literal["create", "update", "delete", "replace"]
     key: str = Field(min_length=1)
+    # The row as the store wrote it (creates and updates): lets a consumer apply the change
+    # to its own copy of the fabric (`Fabric.replay`) instead of reloading the whole store.
+    value: dict[str, Any] | None = None
 
 
 class TopologyChanged(Event):

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import bisect
 import ipaddress
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel
 
@@ -46,6 +46,11 @@ IssueKind = Literal["invalid", "not_found", "conflict"]
 EntityKind = Literal["node", "port", "link", "tenant", "vni", "workload", "tep", "cabling"]
 ChangeOp = Literal["create", "update", "delete"]
 MAX_ISSUES = 100
+# The model of each kind's row: what a Change's value is (and what an event carries).
+ROW_MODELS: dict[str, type[BaseModel]] = {
+    "node": Node, "port": Port, "link": Link, "tenant": Tenant, "vni": Vni,
+    "workload": Workload, "tep": Tep, "cabling": Miscabled,
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,19 @@ class Change:
         return {"kind": self.kind, "op": self.op, "key": self.key}
 
 
+class RowChange(Protocol):
+    """A change as `Fabric.replay` takes it: a `Change`, or an event's (its row as JSON)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+    @property
+    def value(self) -> Any: ...
+
+
 PortKey = tuple[str, str]
 
 
@@ -128,6 +146,9 @@ class _Intervals:
         self.starts.insert(j, start)
         self.ends.insert(j, end)
         self.users.insert(j, [user])
+
+    def copy(self) -> _Intervals:
+        return _Intervals(list(self.starts), list(self.ends), [list(u) for u in self.users])
 
     def remove(self, start: int, end: int, user: PortKey) -> None:
         i = self.find(start, end)
@@ -261,6 +282,112 @@ class Fabric:
         out += [Change("workload", "create", w.name, w) for w in self.workloads.values()]
         out += [Change("cabling", "create", str(m.link_id), m) for m in self.miscabled.values()]
         return out
+
+    def copy(self) -> Fabric:
+        """An independent copy: its containers are new, the entities shared (they are
+        frozen models, replaced and never changed in place). Tens of milliseconds at 10,000
+        nodes, where building it again from rows takes seconds."""
+        new = Fabric(self.revision, self.next_link_id)
+        new.__dict__.update({k: v.copy() if isinstance(v, dict) else v
+                             for k, v in self.__dict__.items()})  # fmt: skip
+        new.node_ports = {n: list(ports) for n, ports in self.node_ports.items()}
+        new._nets = {v: i.copy() for v, i in self._nets.items()}
+        new._tep_points = {v: list(p) for v, p in self._tep_points.items()}
+        return new
+
+    def replay(self, changes: Iterable[RowChange]) -> None:
+        """Apply row changes another process committed (a `topology.changed` event's), through
+        the same rules as the operations that made them, in their order. Raises FabricError
+        or NotFound when they do not fit this fabric (it was not at their base revision):
+        then this fabric is in an unknown state and must be reloaded."""
+        for change in changes:
+            self._replay_one(change)
+
+    def hosts_touched(self, changes: Sequence[RowChange]) -> set[str] | None:
+        """The hosts that changes (about to be replayed here) touch: their nodes, ports,
+        links, TEPs and workloads; tenants, VNIs and new or deleted switch ports touch none.
+        None when they touch a switch, a switch port's address, or a link that joins no
+        host."""
+        rows = [_row_dict(c.value) for c in changes]
+        roles = {n.name: n.role for n in self.nodes.values()}
+        roles |= {c.key: Role(r["role"]) for c, r in zip(changes, rows, strict=True)
+                  if c.kind == "node" and "role" in r}  # fmt: skip
+        hosts: set[str] = set()
+        for change, row in zip(changes, rows, strict=True):
+            if change.kind in ("tenant", "vni"):
+                continue
+            if change.kind in ("link", "cabling"):
+                link = self.links.get(int(change.key))
+                ends = [row["a"]["node"], row["b"]["node"]] if "a" in row else []
+                ends += [link.a.node, link.b.node] if link is not None else []
+                names = {n for n in ends if roles.get(n) is Role.host}
+                if not names:
+                    return None  # a switch-to-switch link (or one this fabric does not know)
+                hosts |= names
+                continue
+            if change.kind == "workload":
+                known = self.workloads.get(change.key)
+                name = str(row.get("node") or (known.node if known else ""))
+            else:  # node, port "node:port", tep "node/colour"
+                name = change.key.replace("/", ":").partition(":")[0]
+            if roles.get(name) is Role.host:
+                hosts.add(name)
+            elif not (change.kind == "port" and change.op != "update"):
+                return None  # a switch, or a switch port's address (the routes' next hops)
+            # A switch port that comes or goes carries no link: no path uses it.
+        return hosts
+
+    def _replay_one(self, change: RowChange) -> None:
+        kind, op, key, value = change.kind, change.op, change.key, change.value
+        if op == "delete":
+            self._replay_delete(kind, key)
+            return
+        row: Any = ROW_MODELS[kind].model_validate(value)
+        if kind == "node" and op == "create":
+            self.add_node(NodeSpec(**row.model_dump()))
+        elif kind == "node":
+            node_fields = ("mgmt_address", "labels", "admin_state", "offload")
+            self.update_node(key, NodeUpdate(**{f: getattr(row, f) for f in node_fields}))
+        elif kind == "port" and op == "create":
+            self.add_port(row.node, PortSpec(**row.model_dump(exclude={"node"})))
+        elif kind == "port":
+            fields = ("mac", "address", "speed_mbps")
+            self.update_port(row.node, row.name, PortUpdate(**{f: getattr(row, f) for f in fields}))
+        elif kind == "link" and op == "create":
+            self.add_link(LinkSpec(**row.model_dump(exclude={"id"})), link_id=row.id)
+        elif kind == "link":
+            self.update_link(row.id, LinkUpdate(srlgs=row.srlgs, admin_state=row.admin_state))
+        elif kind == "cabling":
+            self.set_miscabled(row.link_id, row.reason)
+        elif kind == "tenant" and op == "update":
+            self.tenant(key)
+            self.tenants[key] = row
+        else:  # the rest only come and go
+            adders: dict[str, Callable[[Any], list[Change]]] = {
+                "tenant": self.add_tenant, "vni": self.add_vni,
+                "workload": self.add_workload, "tep": self.add_tep,
+            }  # fmt: skip
+            adders[kind](row)
+
+    def _replay_delete(self, kind: str, key: str) -> None:
+        if kind == "node":
+            self.delete_node(key)
+        elif kind == "port":
+            node, _, name = key.partition(":")
+            self.delete_port(node, name)
+        elif kind == "link":
+            self.delete_link(int(key))
+        elif kind == "cabling":
+            self.set_miscabled(int(key), None)
+        elif kind == "tenant":
+            self.delete_tenant(key)
+        elif kind == "vni":
+            self.delete_vni(int(key))
+        elif kind == "workload":
+            self.delete_workload(key)
+        else:
+            node, _, colour = key.partition("/")
+            self.delete_tep(node, Colour(colour))
 
     # --- nodes ----------------------------------------------------------------------------
 
@@ -801,6 +928,13 @@ class Fabric:
         del self._address_owner[tep.address]
         self._tep_points[tep.address.version].remove(int(tep.address))
         return [Change("tep", "delete", _tep_key(tep))]
+
+
+def _row_dict(value: Any) -> dict[str, Any]:
+    """A change's row as JSON: an event carries it so; an operation's is a model."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value if isinstance(value, dict) else {}
 
 
 def _tep_key(tep: Tep) -> str:

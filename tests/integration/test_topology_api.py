@@ -418,7 +418,7 @@ async def test_a_generator_dry_run_answers_what_the_real_run_then_stores(api: Ap
     assert refused.status_code == 422 and "spines" in refused.text
 
 
-async def test_a_fabric_worker_that_dies_is_a_503_that_stores_nothing_and_the_next_write_gets_a_new_one(
+async def test_a_dead_fabric_worker_is_a_503_that_stores_nothing_and_a_new_one_starts(
     api: Api,
 ) -> None:
     generate = "/fabric/generate/fat-tree"

@@ -11,10 +11,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thorn.desired import HostState, SwitchState, VniState
-from thorn.fabric import Fabric
+from thorn.fabric import Change, Fabric
 from thorn.generators import fat_tree, leaf_spine
-from thorn.model import AdminState, LinkUpdate, OffloadPolicy
-from thorn_pathcomp.node_documents import HOST_STAGE, DesiredStates, NodeChange, diff
+from thorn.model import (
+    AdminState,
+    Colour,
+    LinkSpec,
+    LinkUpdate,
+    NodeSpec,
+    OffloadPolicy,
+    PortRef,
+    PortSpec,
+    Tep,
+    Workload,
+)
+from thorn_pathcomp.graph import FabricGraph
+from thorn_pathcomp.node_documents import (
+    HOST_STAGE,
+    DesiredStates,
+    HostsMoved,
+    NodeChange,
+    diff,
+)
 from thorn_pathcomp.plan import Plan
 
 FABRICS = {
@@ -214,3 +232,87 @@ def test_a_hosts_document_carries_its_offload_policy() -> None:
     states = DesiredStates.build(fabric, Plan.compute(fabric), revision=1)
     assert HostState.model_validate_json(states.document("host1")).offload == "hardware"
     assert HostState.model_validate_json(states.document("host2")).offload == "auto"
+
+
+def host_moves(fabric: Fabric, picks: list[tuple[int, int]]) -> Iterator[list[Change]]:
+    """Each pick (which host, what) changes one host as an admin would: it leaves (deleted
+    with its links, TEPs and workloads), comes back as it was, loses or regains its red
+    TEP, or its workload goes and comes back. Yields each operation's changes."""
+    gone: dict[str, tuple[NodeSpec, list[tuple[PortRef, PortRef]], list[Tep], list[Workload]]] = {}
+    hosts = sorted(n for n, node in fabric.nodes.items() if node.role.value == "host")
+    for which, what in picks:
+        host = hosts[which % len(hosts)]
+        if host in gone:
+            spec, links, teps, workloads = gone.pop(host)
+            changes = fabric.add_node(spec)
+            for a, b in links:
+                changes += fabric.add_link(LinkSpec(a=a, b=b))
+            for tep in teps:
+                changes += fabric.add_tep(tep)
+            for wl in workloads:
+                changes += fabric.add_workload(wl)
+        elif what == 0:
+            node = fabric.nodes[host]
+            ports = [PortSpec(**fabric.ports[(host, p)].model_dump(exclude={"node"}))
+                     for p in fabric.node_ports[host]]  # fmt: skip
+            links = [(lk.a, lk.b) for lk in fabric.links.values() if host in (lk.a.node, lk.b.node)]
+            gone[host] = (
+                NodeSpec(**node.model_dump(), ports=ports), links,
+                [t for t in fabric.teps.values() if t.node == host],
+                [w for w in fabric.workloads.values() if w.node == host],
+            )  # fmt: skip
+            changes = fabric.delete_node(host, cascade=True)
+        elif what == 1 and (host, Colour.red) in fabric.teps:
+            changes = fabric.delete_tep(host, Colour.red)
+        elif what == 1:
+            index = hosts.index(host)
+            address = f"10.199.{index // 250}.{index % 250}"
+            changes = fabric.add_tep(Tep(node=host, colour=Colour.red, address=address))
+        else:
+            wl = next((w for w in fabric.workloads.values() if w.node == host), None)
+            if wl is not None:
+                changes = fabric.delete_workload(wl.name)
+            else:
+                index = hosts.index(host)
+                changes = fabric.add_workload(Workload(
+                    name=f"{host}-vf9", node=host, vni=1000, vf="vf9",
+                    mac=f"06:00:00:99:{index // 256:02x}:{index % 256:02x}",
+                    ip=f"100.127.{index // 250}.{index % 250 + 1}"))  # fmt: skip
+        yield changes
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    st.sampled_from(sorted(FABRICS)),
+    st.lists(st.tuples(st.integers(0, 999), st.integers(0, 2)), min_size=1, max_size=6),
+)
+def test_host_changes_rewrite_only_what_a_full_build_would_change(
+    name: str, picks: list[tuple[int, int]]
+) -> None:
+    """Hosts joining, leaving, losing a TEP or a workload: the states advanced from the
+    previous ones equal a full build, and the diff names exactly the changed documents."""
+    writer, fabric = Fabric.from_document(FABRICS[name]), Fabric.from_document(FABRICS[name])
+    plan = Plan.compute(fabric)
+    states = DesiredStates.build(fabric, plan, revision=1)
+    for revision, changes in enumerate(host_moves(writer, picks), start=2):
+        hosts = fabric.hosts_touched(changes)  # as pathcomp does: before it replays them
+        assert hosts is not None  # only hosts moved
+        fabric.replay(changes)
+        fabric.revision += 1
+        before = documents(states)
+        tables = {s: dict(t) for s, t in states.switch_routes.items()}
+        plan, update = plan.update(fabric, hosts)
+        assert not update.full and plan.graph == FabricGraph.from_fabric(fabric)
+        new = states.advance(plan, update.recomputed, update.dropped, revision,
+                             HostsMoved.of(fabric, hosts, states.topology))  # fmt: skip
+        changed = diff(states, new)
+        after = documents(new)
+        assert after == documents(DesiredStates.build(fabric, plan, revision))
+        assert {c.node for c in changed} == {n for n in after if before.get(n) != after[n]}
+        for stage in sorted({s for c in changed for s in c.stages}):
+            for change in changed:
+                if stage in change.stages and change.node in new.switch_routes:
+                    routes = orjson.loads(new.document_at(change.node, stage))["routes"]
+                    tables[change.node] = {(r["prefix"], r["colour"]): r for r in routes}
+            walk_all(tables)
+        states = new

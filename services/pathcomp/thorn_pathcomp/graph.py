@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from thorn.fabric import Fabric
-from thorn.model import AdminState, Role
+from thorn.model import AdminState, Link, Role
 
 SwitchId = int
 Group = tuple[SwitchId, ...]  # sorted switch numbers a host attaches to
@@ -118,16 +118,10 @@ class FabricGraph:
         excluded: dict[int, str] = {}
         for link in sorted(fabric.links.values(), key=lambda lk: lk.id):
             a, b = link.a, link.b
-            usable = True
-            if link.admin_state is not AdminState.up:
-                excluded[link.id] = f"link is {link.admin_state.value}"
-                usable = False
-            elif not (usable_node[a.node] and usable_node[b.node]):
-                excluded[link.id] = "an end node is not up"
-                usable = False
-            elif link.id in fabric.miscabled:  # out like a drained link, until heard right
-                excluded[link.id] = f"link is miscabled: {fabric.miscabled[link.id].reason}"
-                usable = False
+            reason = _out_of_service(link, fabric, usable_node)
+            usable = reason is None
+            if reason is not None:
+                excluded[link.id] = reason
             srlgs = frozenset(link.srlgs)
             a_switch, b_switch = a.node in index, b.node in index
             if a_switch and b_switch:
@@ -177,6 +171,57 @@ class FabricGraph:
             host_links,
             host_alive,
         )
+
+    def with_hosts(self, fabric: Fabric, hosts: set[str]) -> FabricGraph:
+        """This graph with `hosts` as `fabric` now has them (joined, left, their links
+        changed), nothing of the switches changed: the fast path for a change of hosts,
+        touching only their attachments and groups."""
+        index = self.index
+        host_links, host_alive = dict(self.host_links), dict(self.host_alive)
+        excluded, attachments = dict(self.excluded), dict(self.attachments)
+        groups = {g: list(h) for g, h in self.groups.items()}
+        for gone in [i for i, a in self.host_links.items() if a.host in hosts]:
+            del host_links[gone], host_alive[gone]
+            excluded.pop(gone, None)
+        for host in hosts:
+            attachments.pop(host, None)
+            for members in groups.values():
+                if host in members:
+                    members.remove(host)
+        usable_node = {n: fabric.nodes[n].admin_state is AdminState.up
+                       for n in hosts if n in fabric.nodes}  # fmt: skip
+        for host in sorted(usable_node):
+            for port in fabric.node_ports[host]:
+                link_id = fabric.link_of_port.get((host, port))
+                if link_id is None:
+                    continue
+                link = fabric.links[link_id]
+                other = link.b if link.a.node == host else link.a
+                if other.node not in index:  # host to host: carries no fabric traffic
+                    excluded[link_id] = "host-to-host links carry no fabric traffic"
+                    continue
+                usable_node[other.node] = fabric.nodes[other.node].admin_state is AdminState.up
+                reason = _out_of_service(link, fabric, usable_node)
+                if reason is not None:
+                    excluded[link_id] = reason
+                at = Attachment(host, port, index[other.node], other.port, link_id,
+                                frozenset(link.srlgs))  # fmt: skip
+                host_links[link_id], host_alive[link_id] = at, reason is None
+                if reason is None:
+                    attachments.setdefault(host, []).append(at)
+            now = sorted(attachments.get(host, []), key=lambda at: (at.switch, at.link_id))
+            if now:
+                attachments[host] = now
+            if now or usable_node[host]:  # a host that is not up is in no group
+                groups.setdefault(tuple(sorted({at.switch for at in now})), []).append(host)
+        groups = {g: sorted(h) for g, h in groups.items() if h}
+        graph = FabricGraph(self.switches, self.edges, self.alive, self.adjacency, attachments,
+                            groups, excluded, host_links, host_alive, False, self.edge_of_link,
+                            self.incident)  # fmt: skip
+        graph.has_srlgs = any(e.srlgs for e in self.edges) or any(
+            a.srlgs for a in host_links.values()
+        )
+        return graph
 
     def with_link_states(self, states: dict[int, bool]) -> FabricGraph:
         """This graph with some links up (True) or out of service (False): the fast path for
@@ -247,3 +292,14 @@ class FabricGraph:
         return self.switches == other.switches and [(e.link_id, e.u, e.v) for e in self.edges] == [
             (e.link_id, e.u, e.v) for e in other.edges
         ]
+
+
+def _out_of_service(link: Link, fabric: Fabric, usable_node: dict[str, bool]) -> str | None:
+    """Why a link carries no traffic (None: it does)."""
+    if link.admin_state is not AdminState.up:
+        return f"link is {link.admin_state.value}"
+    if not (usable_node[link.a.node] and usable_node[link.b.node]):
+        return "an end node is not up"
+    if link.id in fabric.miscabled:  # out like a drained link, until heard right
+        return f"link is miscabled: {fabric.miscabled[link.id].reason}"
+    return None

@@ -8,14 +8,16 @@ which make-before-break stage each must be written (destination outward, hosts l
 
 from __future__ import annotations
 
+import bisect
 import ipaddress
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from thorn.desired import VNI_CHUNK, vni_key
-from thorn.fabric import Fabric
+from thorn.fabric import Fabric, port_key
+from thorn.model import Colour, Workload
 from thorn_pathcomp.backups import routing
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group
 from thorn_pathcomp.plan import Plan
@@ -33,6 +35,8 @@ COLOURS = COLOURS
 NAMES = COLOUR_AT  # colour index -> the colour (its text in documents)
 
 RouteKey = tuple[str, str | None]  # (prefix, colour)
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+N = TypeVar("N", ipaddress.IPv4Network, ipaddress.IPv6Network)
 Route = dict[str, Any]
 
 
@@ -69,6 +73,26 @@ class _Topology:
     offload: dict[str, str]  # host -> its offload policy
     members: dict[int, list[dict[str, Any]]]  # VNI -> workloads with their hosts' TEPs
     peers: dict[str, set[str]] | None = None  # host -> its peer hosts (made when first asked)
+    # Every TEP as a number, sorted, per colour and address family (made from `tep` unless
+    # given); each pool is the smallest prefix covering one such list, where group
+    # prefixes may widen to.
+    numbers: dict[tuple[str, int], list[int]] = field(default_factory=dict)
+    pools: dict[tuple[str, int], Network] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.numbers:
+            for (_, colour), text in self.tep.items():
+                address = ipaddress.ip_address(text)
+                self.numbers.setdefault((colour, address.version), []).append(int(address))
+            for numbers in self.numbers.values():
+                numbers.sort()
+        for (colour, version), numbers in self.numbers.items():
+            if not numbers:
+                continue
+            network = ipaddress.ip_network((numbers[0], 128 if version == 6 else 32))
+            while int(network.broadcast_address) < numbers[-1]:
+                network = network.supernet()
+            self.pools[(colour, version)] = network
 
     @classmethod
     def of(cls, fabric: Fabric) -> _Topology:
@@ -76,13 +100,8 @@ class _Topology:
         local: dict[str, list[dict[str, Any]]] = {}
         members: dict[int, list[dict[str, Any]]] = {}
         for w in sorted(fabric.workloads.values(), key=lambda w: w.name):
-            local.setdefault(w.node, []).append(
-                {"name": w.name, "vni": w.vni, "vf": w.vf, "mac": w.mac, "ip": str(w.ip)}
-            )
-            members.setdefault(w.vni, []).append(
-                {"name": w.name, "mac": w.mac, "ip": str(w.ip), "host": w.node,
-                 "red": tep.get((w.node, "red")), "blue": tep.get((w.node, "blue"))}
-            )  # fmt: skip
+            local.setdefault(w.node, []).append(_local(w))
+            members.setdefault(w.vni, []).append(_member(w, tep))
         return cls(
             address={k: str(p.address.ip) for k, p in fabric.ports.items() if p.address},
             tep=tep,
@@ -92,6 +111,96 @@ class _Topology:
             offload={n.name: n.offload.value for n in fabric.nodes.values()},
             members=members,
         )
+
+    def moved(self, fabric: Fabric, hosts: set[str]) -> _Topology:
+        """This index with `hosts` as `fabric` now has them, the rest as it was: the
+        fast path for a change of hosts only. (A switch port that went with a host's link
+        may keep its entry in `address`: no route uses it.)"""
+        address = {k: v for k, v in self.address.items() if k[0] not in hosts}
+        tep = {k: v for k, v in self.tep.items() if k[0] not in hosts}
+        offload = {h: v for h, v in self.offload.items() if h not in hosts}
+        numbers = {k: list(v) for k, v in self.numbers.items()}
+        for (host, colour), text in self.tep.items():
+            if host in hosts:
+                address_ = ipaddress.ip_address(text)
+                numbers[(colour, address_.version)].remove(int(address_))
+        for host in hosts & fabric.nodes.keys():
+            offload[host] = fabric.nodes[host].offload.value
+            for name in fabric.node_ports[host]:
+                ends = [fabric.ports[(host, name)]]
+                if (link_id := fabric.link_of_port.get((host, name))) is not None:
+                    link = fabric.links[link_id]
+                    ends.append(fabric.ports[port_key(link.b if link.a.node == host else link.a)])
+                address.update({(p.node, p.name): str(p.address.ip) for p in ends if p.address})
+            for colour in Colour:
+                if (found := fabric.teps.get((host, colour))) is not None:
+                    tep[(host, colour.value)] = str(found.address)
+                    bisect.insort(numbers.setdefault((colour.value, found.address.version), []),
+                                  int(found.address))  # fmt: skip
+        workloads = sorted((w for w in fabric.workloads.values() if w.node in hosts),
+                           key=lambda w: w.name)  # fmt: skip
+        local = {h: w for h, w in self.local.items() if h not in hosts}
+        vnis = {w["vni"] for h in hosts for w in self.local.get(h, [])}
+        for w in workloads:
+            local.setdefault(w.node, []).append(_local(w))
+            vnis.add(w.vni)
+        members = dict(self.members)  # the lists of other VNIs are shared, never changed
+        for vni in vnis:
+            kept = [m for m in self.members.get(vni, []) if m["host"] not in hosts]
+            kept += [_member(w, tep) for w in workloads if w.vni == vni]
+            members[vni] = sorted(kept, key=lambda m: str(m["name"]))
+            if not members[vni]:
+                del members[vni]
+        return _Topology(
+            address=address,
+            tep=tep,
+            defaults=sorted({_default(a) for a in tep.values()}),
+            missing_red=any((node, "red") not in tep for node, _ in tep),
+            local=local,
+            offload=offload,
+            members=members,
+            numbers=numbers,
+        )
+
+    def widen(self, block: N, own: list[int], colour: str) -> N:
+        """`block` of one group's TEPs, widened to the largest prefix in its colour's pool
+        that holds no other TEP (of any group or colour): a prefix that stays the same while
+        hosts come and go within it, so their switches' routes toward it stay too."""
+        pool = self.pools[(colour, block.version)]
+        lists = [v for (_, version), v in self.numbers.items() if version == block.version]
+        while block.prefixlen > pool.prefixlen:
+            wider = block.supernet()
+            low, high = int(wider.network_address), int(wider.broadcast_address)
+            everyone = sum(bisect.bisect_right(n, high) - bisect.bisect_left(n, low) for n in lists)
+            mine = bisect.bisect_right(own, high) - bisect.bisect_left(own, low)
+            if everyone != mine:
+                break
+            block = wider
+        return block
+
+
+def _local(w: Workload) -> dict[str, Any]:
+    return {"name": w.name, "vni": w.vni, "vf": w.vf, "mac": w.mac, "ip": str(w.ip)}
+
+
+def _member(w: Workload, tep: dict[tuple[str, str], str]) -> dict[str, Any]:
+    return {"name": w.name, "mac": w.mac, "ip": str(w.ip), "host": w.node,
+            "red": tep.get((w.node, "red")), "blue": tep.get((w.node, "blue"))}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HostsMoved:
+    """A topology change that touched only hosts (`hosts`, their nodes, ports, links, TEPs,
+    workloads; VNIs and tenants): the new topology index for `DesiredStates.advance`."""
+
+    topology: _Topology
+    hosts: set[str]
+
+    @classmethod
+    def of(cls, fabric: Fabric, hosts: set[str], before: _Topology | None = None) -> HostsMoved:
+        """`before`: the topology index of the states being advanced (patched, not rebuilt)."""
+        topology = before.moved(fabric, hosts) if before else _Topology.of(fabric)
+        return cls(topology, hosts)
 
 
 @dataclass
@@ -128,22 +237,35 @@ class DesiredStates:
 
     # --- switches ---------------------------------------------------------------------------
 
-    def _group_prefixes(self) -> None:
-        """Each group's TEPs per colour, collapsed to as few prefixes as they allow."""
-        tep = self.topology.tep
-        for group, hosts in self.plan.graph.groups.items():
+    def _group_prefixes(self, only: set[Group] | None = None) -> None:
+        """Each group's TEPs per colour, collapsed to as few prefixes as they allow, each
+        widened while it holds no other TEP (`_Topology.widen`): every group's, or `only`
+        these; a group that is gone loses its prefixes."""
+        tep, groups = self.topology.tep, self.plan.graph.groups
+        for group in only if only is not None else list(groups):
+            hosts = groups.get(group)
+            if hosts is None:
+                for colour in COLOURS:
+                    self.prefixes.pop((group, colour), None)
+                continue
             for colour in COLOURS:
+                name = NAMES[colour]
                 addresses = [
-                    ipaddress.ip_address(tep[(h, NAMES[colour])])
-                    for h in hosts
-                    if (h, NAMES[colour]) in tep
+                    ipaddress.ip_address(tep[(h, name)]) for h in hosts if (h, name) in tep
                 ]
                 v4 = [ipaddress.IPv4Network(a) for a in addresses if a.version == 4]
                 v6 = [ipaddress.IPv6Network(a) for a in addresses if a.version == 6]
                 self.prefixes[(group, colour)] = [
-                    *(str(n) for n in ipaddress.collapse_addresses(v4)),
-                    *(str(n) for n in ipaddress.collapse_addresses(v6)),
+                    *self._widened(v4, name),
+                    *self._widened(v6, name),
                 ]
+
+    def _widened(self, teps: list[N], colour: str) -> list[str]:
+        """One group's TEPs of one family and colour as collapsed, widened prefixes."""
+        own = sorted(int(t.network_address) for t in teps)
+        blocks = ipaddress.collapse_addresses(teps)
+        widened = [self.topology.widen(b, own, colour) for b in blocks]
+        return [str(n) for n in ipaddress.collapse_addresses(widened)]
 
     def _add_group(self, group: Group, only: set[int] | None = None) -> None:
         """Switches' routes toward `group`'s TEP prefixes, per colour (all, or `only` these)."""
@@ -418,33 +540,62 @@ class DesiredStates:
     # --- incremental ------------------------------------------------------------------------
 
     def advance(
-        self, plan: Plan, recomputed: frozenset[Group], dropped: frozenset[Group], revision: int
+        self,
+        plan: Plan,
+        recomputed: frozenset[Group],
+        dropped: frozenset[Group],
+        revision: int,
+        moved_hosts: HostsMoved | None = None,
     ) -> DesiredStates:
-        """The states for `plan` (same topology), rebuilding only what the update touched.
+        """The states for `plan`, rebuilding only what the update touched.
 
-        The route tables move to the new states (this one must not be used afterwards);
-        `changes` of the new states lists what moved, for `diff`.
+        Same topology, or (`moved_hosts`) one where only hosts changed: their nodes, ports,
+        links, TEPs or workloads, nothing of the switches. The route tables move to the new
+        states (this one must not be used afterwards); `changes` of the new states lists
+        what moved, for `diff`.
         """
-        new = DesiredStates(self.topology, plan, revision)
+        topology = moved_hosts.topology if moved_hosts else self.topology
+        new = DesiredStates(topology, plan, revision)
         old_groups, new_groups = self.plan.graph.groups, plan.graph.groups
-        # Groups whose hosts changed (a host link failed or came back): new TEP prefixes.
+        # Groups whose hosts changed (a host link failed or came back, a host came or went)
+        # or whose hosts' TEPs did: new TEP prefixes.
         regrouped = {g for g in old_groups.keys() | new_groups.keys()
                      if old_groups.get(g) != new_groups.get(g)}  # fmt: skip
-        if regrouped:
-            new._group_prefixes()
-        else:
-            new.prefixes = self.prefixes
+        if moved_hosts:
+            regrouped |= {group_of(h) for group_of in (self.plan.graph.group_of,
+                          plan.graph.group_of) for h in moved_hosts.hosts}  # fmt: skip
+            regrouped.discard(())  # isolated hosts have no routes toward them
+        new.prefixes = dict(self.prefixes)
+        if moved_hosts and topology.pools != self.topology.pools:
+            new._group_prefixes()  # a pool grew or shrank: any group may widen differently
+            regrouped |= {g for g, _ in new.prefixes.keys() | self.prefixes.keys()
+                          if new.prefixes.get((g, _)) != self.prefixes.get((g, _))}  # fmt: skip
+        elif regrouped or moved_hosts:
+            # Groups whose widened prefix a moved TEP bounded, or now bounds.
+            near = self._widened_near(moved_hosts) - regrouped if moved_hosts else set()
+            new._group_prefixes(regrouped | near)
+            regrouped |= {g for g in near if any(new.prefixes.get((g, c)) != self.prefixes.get(
+                (g, c)) for c in COLOURS)}  # fmt: skip
         new.switch_routes, self.switch_routes = self.switch_routes, {}
         new._backup_docs = self._backup_docs
         relinked = plan.graph.alive != self.plan.graph.alive
         # Write the changed groups' new routes, then drop the old keys nobody wrote again:
         # a route that comes out the same (a host moved between groups) is no change.
+        # Groups whose hosts changed but not their trees nor their prefixes: only the host
+        # routes (a /32 each) at their own switches move.
+        local = {g for g in regrouped - recomputed if g in plan.trees and g in self.plan.trees
+                 and all(new.prefixes.get((g, c)) == self.prefixes.get((g, c))
+                         for c in COLOURS)}  # fmt: skip
         new._written = set()
-        for group in regrouped:
+        for group in regrouped - local:
             if group in plan.trees:
                 new._add_group(group)
-        for group in dropped | regrouped:
+        for group in dropped | (regrouped - local):
             new._drop_keys(self._group_keys(group, self.plan), keep=new._written)
+        for group in local:
+            new._written = set()
+            new._add_group(group, set(group))
+            new._drop_keys(self._group_keys(group, self.plan), set(group), keep=new._written)
         for group in recomputed - regrouped:
             old = self.plan.trees.get(group)
             if old is None:
@@ -468,12 +619,60 @@ class DesiredStates:
         new.hosts = {h: d for h, d in self.hosts.items() if h in plan.graph.attachments}
         redo = self._touched(plan, recomputed, regrouped)
         redo |= {h for g in regrouped for h in new_groups.get(g, [])}
+        if moved_hosts:
+            redo |= moved_hosts.hosts | self._hosts_seeing(moved_hosts, new)
         for host in redo & set(plan.graph.attachments):
             document = new._host(host)
             if new.hosts.get(host) != document:
                 new.hosts[host] = document
                 new.changes[host] = NodeChange(host, HOST_STAGE)
         return new
+
+    def _widened_near(self, moved: HostsMoved) -> set[Group]:
+        """Groups whose prefix a moved host's TEP (before or after) may bound: those whose
+        prefix is a supernet of it, or the sibling of one (`_Topology.widen` stops below a
+        supernet holding a foreign TEP)."""
+        owners: dict[str, set[Group]] = {}
+        for (group, _), prefixes in self.prefixes.items():
+            for prefix in prefixes:
+                owners.setdefault(prefix, set()).add(group)
+        near: set[Group] = set()
+        for topology in (self.topology, moved.topology):
+            for text in (topology.tep.get((h, c)) for h in moved.hosts for c in NAMES):
+                if text is None:
+                    continue
+                network = ipaddress.ip_network(text)
+                while True:
+                    near |= owners.get(str(network), set())
+                    if network.prefixlen == 0:
+                        break
+                    network = network.supernet()
+                    for half in network.subnets():
+                        near |= owners.get(str(half), set())
+        return near
+
+    def _hosts_seeing(self, moved: HostsMoved, new: DesiredStates) -> set[str]:
+        """Other hosts whose documents can name a moved host: every host when the TEP
+        address families changed (their default routes); else the moved hosts' VNI peers
+        that reach it by blue only, before or after (their `blue_peers` lists)."""
+        if new.topology.defaults != self.topology.defaults:
+            return set(new.plan.graph.attachments)
+        out: set[str] = set()
+        states = (self, new)
+        for host in moved.hosts:
+            vnis = {m["vni"] for s in states for m in s.topology.local.get(host, [])}
+            peers = {m["host"] for s in states for vni in vnis
+                     for m in s.topology.members.get(vni, [])} - {host}  # fmt: skip
+            if any(host in s.topology.local and (host, "red") not in s.topology.tep
+                   for s in states):  # fmt: skip
+                out |= peers  # a member without a red TEP: a blue peer of all of them
+                continue
+            for st in states:
+                graph, destination = st.plan.graph, st.plan.graph.group_of(host)
+                blue = {g for g in graph.groups if st.plan.blue_only(g, destination)}
+                if blue:  # rare: some groups reach it by blue only
+                    out |= {p for p in peers if graph.group_of(p) in blue}
+        return out
 
     def compare_with(self, old: DesiredStates) -> None:
         """Record what differs from `old` (built independently, e.g. before a full replan),
@@ -586,4 +785,4 @@ def diff(old: DesiredStates | None, new: DesiredStates) -> list[NodeChange]:
     return sorted(changes, key=lambda c: (c.stage, c.node))
 
 
-__all__ = ["HOST_STAGE", "REMOVAL_STAGE", "DesiredStates", "NodeChange", "diff"]
+__all__ = ["HOST_STAGE", "REMOVAL_STAGE", "DesiredStates", "HostsMoved", "NodeChange", "diff"]

@@ -386,13 +386,16 @@ class Plan:
 
     # --- incremental re-protection ----------------------------------------------------------
 
-    def update(self, fabric: Fabric) -> tuple[Plan, PlanUpdate]:
-        """The plan for `fabric`, recomputing only the groups a change can touch.
+    def update(self, fabric: Fabric, hosts: set[str] | None = None) -> tuple[Plan, PlanUpdate]:
+        """The plan for `fabric`, recomputing only the groups a change can touch; `hosts`:
+        only these hosts changed (nothing of the switches), the graph is patched for them.
 
         The result equals `Plan.compute(fabric)` (tests hold it to that). A change of
         switches, of the set of switch-to-switch links or of SRLGs recomputes everything.
         """
         start = time.perf_counter()
+        if hosts is not None:
+            return self._update_to(self.graph.with_hosts(fabric, hosts), fabric.revision, start)
         graph = FabricGraph.from_fabric(fabric)
         if not graph.same_structure(self.graph) or any(
             a.srlgs != b.srlgs for a, b in zip(graph.edges, self.graph.edges, strict=True)

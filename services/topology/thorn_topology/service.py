@@ -10,6 +10,7 @@ which sends it, or finds it left behind by a replica that died, and sends it onc
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -34,9 +35,16 @@ log = structlog.get_logger("thorn.topology")
 REVISION = Gauge("thorn_topology_revision", "Topology revision this replica serves")
 WRITES = Counter("thorn_topology_writes_total", "Committed topology writes", ["action"])
 REJECTED = Counter("thorn_topology_rejected_total", "Writes refused by fabric rules", ["action"])
+STALE = Counter(
+    "thorn_topology_stale_writes_total",
+    "Write attempts that lost the revision's compare-and-set to another replica (redone)",
+)
 # Events carry at most this many change entries; bigger writes are summarised.
 MAX_EVENT_CHANGES = 500
-WRITE_ATTEMPTS = 3
+WRITE_ATTEMPTS = 5
+# After a lost compare-and-set, a random pause of up to this many seconds times the attempt:
+# two replicas taking writes back to back otherwise lose to each other again and again.
+STALE_BACKOFF_S = 0.01
 
 Operation = Callable[[Fabric], list[Change]]
 T = TypeVar("T")
@@ -127,7 +135,7 @@ class TopologyService:
             if not changes:
                 return fabric.revision, changes
             # The compare-and-set makes the new revision this one or none.
-            event = self._event(fabric.revision + 1, principal, [c.summary for c in changes])
+            event = self._event(fabric.revision + 1, principal, [_event_change(c) for c in changes])
             revision = await self.store.commit(
                 changes,
                 expected_revision=fabric.revision,
@@ -157,7 +165,9 @@ class TopologyService:
         async def attempt(current: Fabric) -> Outcome:
             base = Base(current.revision, current.next_link_id)
             event = self._event(
-                current.revision + 1, principal, [{"kind": "fabric", "op": "replace", "key": label}]
+                current.revision + 1,
+                principal,
+                [EventChange(kind="fabric", op="replace", key=label)],
             )
             pool, data = self.store.pool, event.model_dump_json()
             commit = None if dry_run else Commit(self._url, principal.name, label, pool, data)
@@ -195,37 +205,38 @@ class TopologyService:
 
     async def _with_retries(self, attempt: Callable[[Fabric], Awaitable[T]]) -> T:
         """Run a write under the lock; on a concurrent write elsewhere, reload and redo it."""
-        for _ in range(WRITE_ATTEMPTS):
+        for tries in range(1, WRITE_ATTEMPTS + 1):
             async with self._lock:
                 fabric = await self._fresh()
                 try:
                     return await attempt(fabric)
                 except StaleRevision:
                     self._fabric = None  # another replica wrote first: reload, validate again
+                    STALE.inc()
                 except (FabricError, NotFound):
                     raise  # refused by the rules: the snapshot was not touched
                 except BaseException:
                     self._fabric = None  # unknown state: reload before the next request
                     raise
+            await asyncio.sleep(random.uniform(0, STALE_BACKOFF_S * tries))
         raise FabricError.one((), "the topology kept changing under this write; retry", "conflict")
 
     # --- events ---------------------------------------------------------------------------
 
     @staticmethod
-    def _event(
-        revision: int, principal: Principal, changes: list[dict[str, str]]
-    ) -> TopologyChanged:
+    def _event(revision: int, principal: Principal, changes: list[EventChange]) -> TopologyChanged:
         """The topology.changed of a write that makes `revision`."""
         if len(changes) > MAX_EVENT_CHANGES:
-            changes = [{"kind": "fabric", "op": "update", "key": f"{len(changes)} changes"}]
-        return TopologyChanged(
-            revision=revision,
-            at=utcnow(),
-            actor=principal.name,
-            changes=[EventChange.model_validate(c) for c in changes],
-        )
+            changes = [EventChange(kind="fabric", op="update", key=f"{len(changes)} changes")]
+        return TopologyChanged(revision=revision, at=utcnow(), actor=principal.name,
+                               changes=changes)  # fmt: skip
 
     def _announce(self, event: TopologyChanged) -> None:
         """Send a committed write's event; called under the write lock, so in order."""
         if self.announcer is not None:
             self.announcer.queue(event)
+
+
+def _event_change(change: Change) -> EventChange:
+    value = change.value.model_dump(mode="json") if change.value is not None else None
+    return EventChange(kind=change.kind, op=change.op, key=change.key, value=value)
