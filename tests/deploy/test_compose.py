@@ -21,6 +21,7 @@ import importlib.util
 import json
 import re
 import shlex
+import subprocess
 import tomllib
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -469,8 +470,9 @@ def test_the_entry_point_alone_publishes_the_api_on_8080(
 
 
 def test_the_entry_point_reaches_every_service_of_its_route_table(
-    services: dict[str, dict[str, Any]],
+    interpolated: dict[str, Any],
 ) -> None:
+    services = interpolated["services"]
     upstreams = Settings(upstreams=environment_of(services["gateway"])["THORN_UPSTREAMS"])
     for name in RouteTable.load().services:
         port = listen_port(environment_of(services[name])["THORN_LISTEN"])
@@ -490,17 +492,37 @@ def test_programmer_agent_programs_the_host_datapath(interpolated: dict[str, Any
     assert "ports" not in programmer, "host networking publishes nothing"
 
 
-def test_nats_runs_jetstream_with_a_persistent_store_and_monitoring(
-    services: dict[str, dict[str, Any]],
+def nats_server_arguments(service: Mapping[str, Any], tmp_path: Path) -> list[str]:
+    """The arguments a NATS service starts nats-server with: its command run by a real
+    /bin/sh in its environment (interpolated), with a `nats-server` on PATH that prints
+    them instead of serving."""
+    shim = tmp_path / "nats-server"
+    shim.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    shim.chmod(0o755)
+    environment = {**environment_of(service), "PATH": f"{tmp_path}:/usr/bin:/bin"}
+    done = subprocess.run(
+        command_words(service["command"]), env=environment, capture_output=True, text=True,
+        check=True, timeout=10,
+    )  # fmt: skip
+    return done.stdout.splitlines()
+
+
+def option(arguments: list[str], name: str) -> str:
+    return arguments[arguments.index(name) + 1]
+
+
+def test_nats_runs_jetstream_alone_with_a_persistent_store_and_monitoring(
+    interpolated: dict[str, Any], tmp_path: Path
 ) -> None:
-    nats = services["nats"]
+    nats = interpolated["services"]["nats"]
     assert nats["image"].startswith("nats:")
-    command = command_words(nats["command"])
-    assert "-js" in command
-    store = command[command.index("-sd") + 1]
-    assert command[command.index("-m") + 1] == "8222"
-    assert any(volume.endswith(f":{store}") for volume in nats["volumes"])
+    arguments = nats_server_arguments(nats, tmp_path)
+    assert "-js" in arguments and option(arguments, "--name") == "nats"
+    assert option(arguments, "-m") == "8222"
+    assert any(volume.endswith(f":{option(arguments, '-sd')}") for volume in nats["volumes"])
     assert "8222/healthz" in " ".join(command_words(nats["healthcheck"]["test"]))
+    # One server: no cluster block, which without peers would keep JetStream from starting.
+    assert not {"--cluster", "--cluster_name", "--routes"} & set(arguments), arguments
 
 
 def test_postgres_is_16_with_a_persistent_volume_and_pg_isready(
@@ -644,3 +666,210 @@ def test_the_gateway_image_serves_the_dashboard_built_from_its_sources() -> None
     package = json.loads((ROOT / "services/gateway/dashboard/package.json").read_text())
     assert "openapi-typescript ../../../openapi/openapi.json" in package["scripts"]["gen"]
     assert package["scripts"]["build"].startswith("npm run gen")
+
+
+# -------------------------------------------------------------- the cluster profile
+
+CLUSTER_ENV_FILE = ROOT / "deploy" / "cluster.env"
+CLUSTER_ONLY = {"nats-2", "nats-3", "pathcomp-2"}
+
+
+def env_file(path: Path) -> dict[str, str]:
+    """A compose env file: KEY=VALUE lines, comments and blank lines ignored."""
+    pairs = (line.split("=", 1) for line in path.read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.lstrip().startswith("#"))  # fmt: skip
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+@pytest.fixture(scope="module")
+def cluster(compose: dict[str, Any]) -> dict[str, Any]:
+    """The compose file as `--profile cluster --env-file deploy/cluster.env` sees it."""
+    env = {**{name: f"<{name}>" for name in REQUIRED_VARIABLES}, **env_file(CLUSTER_ENV_FILE)}
+    document: dict[str, Any] = interpolate(compose, env)
+    return document
+
+
+def nats_servers(services: Mapping[str, Any]) -> list[str]:
+    return [name for name, service in services.items() if service["image"].startswith("nats:")]
+
+
+def test_the_cluster_profile_adds_two_nats_servers_and_a_pathcomp_replica(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    profiled = {name for name, service in services.items() if "profiles" in service}
+    assert profiled == CLUSTER_ONLY
+    assert all(services[name]["profiles"] == ["cluster"] for name in profiled)
+    assert env_file(CLUSTER_ENV_FILE)["COMPOSE_PROFILES"] == "cluster"
+    assert sorted(nats_servers(services)) == ["nats", "nats-2", "nats-3"]
+    replicas = [
+        name for name, s in services.items() if s.get("build", {}).get("target") == "pathcomp"
+    ]
+    assert replicas == ["pathcomp", "pathcomp-2"]
+    # The replica is the same service: only its profile differs.
+    assert {k: v for k, v in services["pathcomp-2"].items() if k != "profiles"} == services[
+        "pathcomp"
+    ]
+
+
+def test_the_cluster_profile_conforms_to_the_compose_specification(
+    validator: Draft7Validator, cluster: dict[str, Any]
+) -> None:
+    assert schema_errors(validator, cluster) == []
+
+
+def test_the_cluster_nats_servers_route_to_each_other_under_names_of_their_own(
+    cluster: dict[str, Any], tmp_path: Path
+) -> None:
+    services = cluster["services"]
+    names = nats_servers(services)
+    routes = {f"nats://{name}:6222" for name in names}
+    volumes = set()
+    for name in names:
+        arguments = nats_server_arguments(services[name], tmp_path)
+        assert "-js" in arguments and option(arguments, "--name") == name
+        assert option(arguments, "--cluster_name") == "thorn"
+        assert option(arguments, "--cluster") == "nats://0.0.0.0:6222"
+        # every server is given all three; nats-server skips the route to itself
+        assert set(option(arguments, "--routes").split(",")) == routes
+        volumes.update(services[name]["volumes"])
+    assert len(volumes) == len(names), "each server keeps its own JetStream store"
+
+
+@pytest.mark.parametrize("service", ["topology", "health", "pathcomp", "pathcomp-2"])
+def test_cluster_services_use_the_seed_list_and_three_copies(
+    cluster: dict[str, Any], service: str
+) -> None:
+    services = cluster["services"]
+    environment = environment_of(services[service])
+    seeds = environment["THORN_NATS_URL"].split(",")
+    assert sorted(seeds) == sorted(f"nats://{name}:4222" for name in nats_servers(services))
+    settings = Settings(
+        nats_url=environment["THORN_NATS_URL"], nats_replicas=environment["THORN_NATS_REPLICAS"]
+    )
+    assert settings.nats_replicas == 3 == len(nats_servers(services))
+
+
+def test_the_cluster_agent_reaches_every_nats_server_on_its_loopback_port(
+    cluster: dict[str, Any],
+) -> None:
+    services = cluster["services"]
+    environment = environment_of(services["programmer"])
+    published = {
+        port.rsplit(":", 1)[0]
+        for name in nats_servers(services)
+        for port in services[name]["ports"]
+    }
+    assert sorted(published) == ["127.0.0.1:4222", "127.0.0.1:4223", "127.0.0.1:4224"]
+    urls = {url.removeprefix("nats://") for url in environment["THORN_NATS_URL"].split(",")}
+    assert urls == published
+    assert environment["THORN_NATS_REPLICAS"] == "3"
+
+
+def test_the_cluster_entry_point_spreads_pathcomp_over_both_replicas(
+    cluster: dict[str, Any],
+) -> None:
+    services = cluster["services"]
+    upstreams = Settings(upstreams=environment_of(services["gateway"])["THORN_UPSTREAMS"])
+    assert upstreams.upstream_urls["pathcomp"] == (
+        "http://pathcomp:8082", "http://pathcomp-2:8082")  # fmt: skip
+    for name in RouteTable.load().services:
+        assert f"http://{name}:" in upstreams.upstream_urls[name][0]
+
+
+def test_one_nats_server_and_one_copy_without_the_profile(interpolated: dict[str, Any]) -> None:
+    services = interpolated["services"]
+    for name in [*CONTROLLER_SERVICES, "programmer"]:
+        assert environment_of(services[name])["THORN_NATS_REPLICAS"] == "1", name
+
+
+# ------------------------------------------------ podman, without a registry
+
+PODMAN_OVERRIDE = ROOT / "deploy" / "podman" / "compose.yml"
+BASE_IMAGE = "localhost/thorn-base:bookworm"
+
+
+def merged(base: Any, override: Any) -> Any:
+    """Compose's merge of an override file, for what deploy/podman/compose.yml sets:
+    mappings merge key by key, anything else is replaced."""
+    if isinstance(base, dict) and isinstance(override, dict):
+        return {k: merged(base[k], v) if k in base else v for k, v in override.items()} | {
+            k: v for k, v in base.items() if k not in override
+        }
+    return override
+
+
+@pytest.fixture(scope="module")
+def podman_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    document = merged(compose, load_compose(PODMAN_OVERRIDE))
+    podman: dict[str, dict[str, Any]] = document["services"]
+    return podman
+
+
+def test_the_podman_override_conforms_alone_and_merged(
+    validator: Draft7Validator, compose: dict[str, Any]
+) -> None:
+    override = load_compose(PODMAN_OVERRIDE)
+    assert schema_errors(validator, override) == []
+    assert schema_errors(validator, merged(compose, override)) == []
+    assert set(override["services"]) == set(compose["services"]), "every service, every profile"
+
+
+def test_under_podman_every_image_is_built_here_and_never_pulled(
+    podman_services: dict[str, dict[str, Any]],
+) -> None:
+    for name, service in podman_services.items():
+        assert service["image"].startswith("localhost/"), name
+        assert service["pull_policy"] == "never", name
+        _, dockerfile, _ = build_of(service)
+        assert dockerfile.is_relative_to(ROOT / "deploy" / "podman"), name
+        stages = parse_dockerfile(dockerfile)
+        assert {stage.base for stage in stages} - {s.name for s in stages} == {"${BASE}"}, name
+        assert f"ARG BASE={BASE_IMAGE}" in dockerfile.read_text(encoding="utf-8"), name
+        assert service["build"]["args"]["BASE"] == BASE_IMAGE, name
+
+
+def env_of_target(dockerfile: Path, target: str) -> dict[str, str]:
+    """The ENV a target's image ends up with (its stages' ENV instructions, in order)."""
+    stages = parse_dockerfile(dockerfile)
+    environment: dict[str, str] = {}
+    for stage in reversed(stage_chain(stages, target)):
+        for keyword, arguments in stage.instructions:
+            if keyword == "ENV":
+                environment.update(word.split("=", 1) for word in shlex.split(arguments))
+    return environment
+
+
+@pytest.mark.parametrize("service", [*THORN_SERVICES, "gateway"])
+def test_podman_images_are_the_dockerfile_targets_on_another_base(
+    services: dict[str, dict[str, Any]], podman_services: dict[str, dict[str, Any]], service: str
+) -> None:
+    """Same target, command, user, ports and THORN settings: only the base (and where the
+    dependencies and the dashboard come from) differs."""
+    _, docker, target = build_of(services[service])
+    _, podman, podman_target = build_of(podman_services[service])
+    assert podman_target == target
+    docker_stages, podman_stages = parse_dockerfile(docker), parse_dockerfile(podman)
+    for keyword in ("CMD", "ENTRYPOINT", "USER", "EXPOSE", "WORKDIR"):
+        assert effective(podman_stages, target, keyword) == effective(
+            docker_stages, target, keyword
+        ), keyword
+    runtime = ("PATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+    docker_env, podman_env = env_of_target(docker, target), env_of_target(podman, target)
+    for name in [*runtime, *(n for n in docker_env if n.startswith("THORN_"))]:
+        assert podman_env.get(name) == docker_env[name], name
+
+
+def test_podman_builds_take_their_wheels_and_dashboard_where_the_scripts_put_them(
+    podman_services: dict[str, dict[str, Any]],
+) -> None:
+    wheels = re.search(
+        r"OUT=\$\{THORN_WHEELS:-([^}]+)\}", (ROOT / "deploy/podman/wheels.sh").read_text()
+    )
+    assert wheels is not None
+    for name, service in podman_services.items():
+        contexts = service["build"].get("additional_contexts", {})
+        if name != "postgres":
+            assert contexts["wheels"] == wheels[1], name
+        if name in THORN_SERVICES or name == "gateway":
+            # what `make dashboard` builds; deploy/Dockerfile builds it with node:20 instead
+            assert contexts["dashboard"] == "services/gateway/dashboard/dist", name
