@@ -73,6 +73,19 @@ class Settings(BaseSettings):
     emulated_fabric: bool = Field(
         True, description="thorn-run: build the fabric as a lab and program it (needs root)"
     )
+    topology_replicas: int = Field(
+        1, ge=1, le=9, description="thorn-run: topology processes behind the entry point"
+    )
+    health_replicas: int = Field(
+        1, ge=1, le=9,
+        description="thorn-run: health processes (one takes agents' reports, the others stand "
+        "by and serve reads)",
+    )  # fmt: skip
+    pathcomp_replicas: int = Field(
+        1, ge=1, le=9,
+        description="thorn-run: pathcomp processes (each plans; the elected leader writes "
+        "desired state; 2 for a standby that takes over)",
+    )  # fmt: skip
     start_timeout_s: float = Field(
         60.0,
         gt=0,

