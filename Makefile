@@ -77,6 +77,7 @@ bench: venv dashboard
 	$(BIN)/python tests/bench/bench_roce.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_dashboard.py --write docs/benchmarks.md
 	$(BIN)/python tests/bench/bench_api_responsive.py --write docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_topology_change.py --write docs/benchmarks.md
 
 ## bench-failover: random single failures on a lab under all-to-all traffic (root), THORN
 ## beside FRR (test-deps installs it) and a static path; the gap distribution goes to

@@ -33,6 +33,12 @@ STORE_UNAVAILABLE = Counter(
     "API requests answered 503 because the database could not serve them now, by reason",
     ["reason"],
 )
+REFUSED = Counter(
+    "thorn_api_refused_total",
+    "API requests refused for what they asked (4xx: bad fields, over a bound, too large, "
+    "conflicts), by status and route",
+    ["status", "route"],
+)
 log = structlog.get_logger("thorn.web")
 # What a client is told, by `thorn.store.unavailable`'s reason.
 _UNAVAILABLE = {
@@ -99,7 +105,9 @@ def _where(loc: Sequence[str | int]) -> str:
     return ".".join(str(p) for p in loc) or "request"
 
 
-def _error(code: int, items: list[ErrorItem]) -> JSONResponse:
+def _error(code: int, items: list[ErrorItem], request: Request | None = None) -> JSONResponse:
+    route = getattr(request.scope.get("route"), "path", "(none)") if request else "(none)"
+    REFUSED.labels(str(code), route).inc()
     head = "; ".join(f"{_where(i.loc)}: {i.msg}" for i in items[:3])
     more = f" (and {len(items) - 3} more)" if len(items) > 3 else ""
     body = ErrorBody(detail=head + more, errors=items)
@@ -135,23 +143,23 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(FieldError)
-    async def _field(_: Request, exc: FieldError) -> JSONResponse:
-        return _error(exc.status, exc.items)
+    async def _field(request: Request, exc: FieldError) -> JSONResponse:
+        return _error(exc.status, exc.items, request)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         items = [
             ErrorItem(loc=list(e.get("loc", ())), msg=str(e.get("msg", "")), type=e["type"])
             for e in exc.errors()
         ]
         malformed = any(i.type == "json_invalid" for i in items)
-        return _error(400 if malformed else 422, items)
+        return _error(400 if malformed else 422, items, request)
 
     @app.exception_handler(FabricError)
-    async def _fabric(_: Request, exc: FabricError) -> JSONResponse:
+    async def _fabric(request: Request, exc: FabricError) -> JSONResponse:
         items = [ErrorItem(loc=["body", *i.loc], msg=i.msg, type=i.kind) for i in exc.issues]
         conflict = any(i.kind == "conflict" for i in exc.issues)
-        return _error(409 if conflict else 422, items)
+        return _error(409 if conflict else 422, items, request)
 
     async def _store(_: Request, exc: Exception) -> JSONResponse:
         reason = unavailable(exc)
@@ -173,8 +181,9 @@ def install_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(kind, _store)
 
     @app.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return _error(404, [ErrorItem(loc=["path"], msg=str(exc), type="not_found")])
+    async def _not_found(request: Request, exc: NotFound) -> JSONResponse:
+        item = ErrorItem(loc=["path"], msg=str(exc), type="not_found")
+        return _error(404, [item], request)
 
 
 class BodyLimit:
@@ -238,6 +247,7 @@ def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
 
 
 async def _too_large(limit: int, send: Send) -> None:
+    REFUSED.labels("413", "(body limit)").inc()
     body = ErrorBody(
         detail=f"request body is larger than this endpoint's limit of {limit} bytes",
         errors=[ErrorItem(loc=["body"], msg=f"larger than {limit} bytes", type="too_large")],

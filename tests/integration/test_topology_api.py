@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest_asyncio
 from fastapi import FastAPI
+from prometheus_client import REGISTRY
 
 from thorn.bus import Bus
 from thorn.config import Settings
@@ -730,3 +731,32 @@ async def test_a_bad_offload_policy_is_a_422_naming_the_field(api: Api) -> None:
         assert refused.status_code == 422, value
         assert refused.json()["errors"][0]["loc"] == ["body", "offload"]
     assert (await api.call("GET", "/nodes/h1")).json()["offload"] == "auto"
+
+
+async def test_over_bounded_and_oversized_generator_requests_are_refused_counted_and_change_nothing(
+    api: Api,
+) -> None:
+    await leaf_spine(api)
+    revision = await api.store.revision()
+    before = (await api.call("GET", "/fabric")).json()
+
+    def refused(status: str, route: str) -> float:
+        return (
+            REGISTRY.get_sample_value("thorn_api_refused_total", {"status": status, "route": route})
+            or 0.0
+        )
+
+    route = "/api/v1/fabric/generate/leaf-spine"
+    counted = refused("422", route)
+    too_many = await api.call("POST", "/fabric/generate/fat-tree", json={"k": 42})
+    assert too_many.status_code == 422 and too_many.json()["errors"][0]["loc"] == ["body", "k"]
+    huge = await api.call("POST", "/fabric/generate/leaf-spine",
+                          json={"spines": 256, "leaves": 1024, "hosts_per_leaf": 512})  # fmt: skip
+    assert huge.status_code == 422 and "limit" in huge.json()["detail"]
+    assert refused("422", route) == counted + 1
+    large = await api.call("POST", "/fabric/generate/leaf-spine",
+                           content=b'{"spines": 2' + b" " * 70_000 + b"}",
+                           headers={"Content-Type": "application/json"})  # fmt: skip
+    assert large.status_code == 413
+    assert await api.store.revision() == revision
+    assert (await api.call("GET", "/fabric")).json() == before
