@@ -638,3 +638,24 @@ async def test_a_new_leader_continues_the_plan_revisions_and_lets_every_host_rev
             assert command.kind == "reprotected" and command.plan_revision > published
             assert set(command.peers) == new.states.peers_of(command.node)
         assert new.revision > published
+
+
+async def test_a_recompute_asked_of_a_follower_is_done_by_the_leader(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    """Only the leader writes desired state: a follower hands an admin's recompute to it
+    (whichever replica the entry point picked) and answers with the leader's plan."""
+    async with AsyncExitStack() as stack:
+        first = await replica(stack, fabric_store, bus, tmp_path)
+        leader: PathService = first.state.pathcomp
+        await until(lambda: leader.is_leader() and leader.took_over.is_set(), "first leads")
+        second = await replica(stack, fabric_store, bus, tmp_path)
+        assert not second.state.pathcomp.is_leader()
+        before = leader.revision
+        async with client(second) as http:
+            answer = await http.post("/api/v1/plan/recompute")
+            refused = await http.post("/api/v1/plan/recompute",
+                                      headers={"Authorization": f"Bearer {VIEWER}"})  # fmt: skip
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["revision"] == leader.revision > before
+        assert refused.status_code == 403  # the follower checks the token itself

@@ -249,10 +249,34 @@ async def plan(_: Viewer, service: Service) -> PlanOut:
     return _plan_out(service)
 
 
+# A recompute asked of a follower is the leader's to do (only the leader writes desired
+# state): the follower hands it over on this core-NATS subject and answers with the leader's.
+RECOMPUTE_SUBJECT = "pathcomp.recompute"
+RECOMPUTE_WAIT_S = 110.0  # a full plan of a big fabric; within the entry point's 120 s
+
+
+class LeaderAway(Exception):
+    """No pathcomp replica leads now (a lease is changing hands), or it did not answer."""
+
+
 @router.post("/plan/recompute", response_model=PlanOut, summary="Recompute the whole plan")
-async def recompute(principal: Admin, service: Service) -> PlanOut:
-    await service.recompute(f"requested by {principal.name}")
-    return _plan_out(service)
+async def recompute(principal: Admin, service: Service, request: Request) -> PlanOut:
+    """On the leader: a full plan, and the desired state that changed written. On a follower:
+    the same, done by the leader (the answer is the leader's plan)."""
+    if service.is_leader():
+        await service.recompute(f"requested by {principal.name}")
+        return _plan_out(service)
+    try:
+        answer: bytes = await request.app.state.ask_leader(principal.name)
+    except LeaderAway as exc:
+        raise FieldError(503, ["leader"], str(exc), "no_leader") from None
+    return PlanOut.model_validate_json(answer)
+
+
+async def recompute_as_leader(service: PathService, actor: str) -> bytes:
+    """What the leader answers a follower's recompute with (the plan as JSON)."""
+    await service.recompute(f"requested by {actor} (through a follower)")
+    return _plan_out(service).model_dump_json().encode()
 
 
 class PairImpactOut(BaseModel):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import nats.errors
 import structlog
 from fastapi import FastAPI
+from nats.aio.msg import Msg
 
 from thorn.bus import Bus
 from thorn.config import Settings
@@ -28,7 +31,13 @@ from thorn.store import Store
 from thorn.telemetry import instrument
 from thorn.watchdog import LoopWatchdog
 from thorn.web import BodyLimit, install_error_handlers
-from thorn_pathcomp.api import router
+from thorn_pathcomp.api import (
+    RECOMPUTE_SUBJECT,
+    RECOMPUTE_WAIT_S,
+    LeaderAway,
+    recompute_as_leader,
+    router,
+)
 from thorn_pathcomp.service import PathService
 
 log = structlog.get_logger("thorn.pathcomp")
@@ -71,10 +80,36 @@ def create_app(
             await the_bus.subscribe(HEALTH_LINK_ALL, health, model=LinkHealthChanged)
             await service.recompute("start")
 
+            async def recompute_asked(msg: Msg) -> None:
+                if not service.is_leader():
+                    return  # its term ended: no answer, the follower says so
+                actor = msg.data.decode(errors="replace")[:100] or "a follower"
+                await msg.respond(await recompute_as_leader(service, actor))
+
+            async def ask_leader(actor: str) -> bytes:
+                try:
+                    answer = await the_bus.nc.request(
+                        RECOMPUTE_SUBJECT, actor.encode(), timeout=RECOMPUTE_WAIT_S
+                    )
+                except nats.errors.NoRespondersError:
+                    raise LeaderAway("no pathcomp replica leads now; retry") from None
+                except (nats.errors.TimeoutError, TimeoutError):
+                    raise LeaderAway("the pathcomp leader did not answer in time") from None
+                return bytes(answer.data)
+
+            app.state.ask_leader = ask_leader
+
             async def lead() -> None:
-                await service.resync()  # the documents first, then the word on reverts
-                last = await the_bus.last(STREAM_PATHS, PATHS_CHANGED, PathsChanged)
-                await service.take_over(last.revision if last is not None else 0)
+                # Recomputes asked of the followers come here while this replica leads.
+                asked = await the_bus.nc.subscribe(RECOMPUTE_SUBJECT, cb=recompute_asked)
+                try:
+                    await service.resync()  # the documents first, then the word on reverts
+                    last = await the_bus.last(STREAM_PATHS, PATHS_CHANGED, PathsChanged)
+                    await service.take_over(last.revision if last is not None else 0)
+                    await asyncio.Event().wait()  # until the term ends (cancelled)
+                finally:
+                    with contextlib.suppress(Exception):  # the connection may be gone
+                        await asked.unsubscribe()
 
             resync = asyncio.create_task(election.run_as_leader(lead), name="pathcomp-resync")
             stack.callback(resync.cancel)
