@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-kernel lint openapi bench bench-failover venv test-deps dashboard clean
+.PHONY: run test test-deploy test-kernel lint openapi bench bench-failover venv test-deps dashboard clean
 
 # The dashboard (Vite + TypeScript), rebuilt when its sources or the API document change.
 DASH := services/gateway/dashboard
@@ -51,10 +51,18 @@ lint: venv
 
 ## test: every lane (lint, unit, integration with NATS + SQLite + PostgreSQL, deploy, the
 ## fabric lane: network namespaces on this kernel, as root, the browser lane: the dashboard
-## in Debian's headless chromium, and the kernel lane)
+## in Debian's headless chromium, the deploy lane: docker-compose.yml started for real with
+## podman, and the kernel lane)
 test: venv test-deps lint dashboard
-	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric tests/browser
+	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric tests/browser \
+		tests/deploy_lane
 	$(BIN)/python tests/kernel/lane.py
+
+## test-deploy: the deploy lane alone: the compose file's cluster profile started with podman
+## and podman-compose (installed by apt and pip), every image built here on a debootstrap
+## base (cached between runs), nothing pulled from a registry
+test-deploy: venv dashboard
+	$(BIN)/pytest -q tests/deploy_lane
 
 ## test-kernel: the kernel lane alone: Debian's kernel under qemu (TCG) via virtme-ng, with
 ## cls_flower, act_tunnel_key and Soft-RoCE; installs qemu, the kernel, rdma tools (apt)

@@ -6,7 +6,7 @@
 #   deploy/podman/build-base.sh        # needs root, podman and debootstrap
 #
 # Cached: nothing is done when the image exists with the label thorn.base.inputs equal to
-# the hash of this script and its settings (the debootstrap takes a minute or two).
+# the hash of this script and its settings (debootstrap takes about a minute).
 set -euo pipefail
 
 IMAGE=${THORN_BASE_IMAGE:-localhost/thorn-base:bookworm}
@@ -23,7 +23,12 @@ fi
 
 rootfs=$(mktemp -d /var/tmp/thorn-base.XXXXXX)
 trap 'rm -rf "$rootfs"' EXIT
-debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$MIRROR"
+# Two stages, to switch off dpkg's fsyncs in between (as Debian's official container images
+# do, "docker-apt-speedup"): a crash mid-build throws the whole layer away anyway, and the
+# install stage takes about half the time without them.
+debootstrap --foreign --variant=minbase --include="$PACKAGES" "$SUITE" "$rootfs" "$MIRROR"
+echo force-unsafe-io > "$rootfs/etc/dpkg/dpkg.cfg.d/thorn-unsafe-io"
+chroot "$rootfs" /debootstrap/debootstrap --second-stage
 
 # Slim, as Debian's own container images are: no downloaded packages or package lists (a
 # derived image runs `apt-get update` first), no docs, man pages or translations, now or in

@@ -1,5 +1,5 @@
 """docker-compose.yml run for real: podman, podman-compose and images built on a debootstrap
-base (deploy/podman), with no registry at all. Used by tests/deploy/test_compose_run.py.
+base (deploy/podman), with no registry at all. Used by tests/deploy_lane/test_compose_run.py.
 
 The deployment is the compose file's `cluster` profile (deploy/cluster.env) under a project
 name of its own, on free ports, so that it never meets another run on the machine. podman
@@ -16,6 +16,7 @@ import ipaddress
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -76,9 +77,10 @@ def ensure_debian_packages(timeout: float = 600) -> list[str]:
     missing = [name for name in DEBIAN_PACKAGES if name not in installed]
     if missing:
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        run(["apt-get", "update", "-qq"], timeout=timeout, env=env)
-        run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-            timeout=timeout, env=env)  # fmt: skip
+        wait_for_lock = ("-o", f"DPkg::Lock::Timeout={int(timeout / 2)}")  # others use apt too
+        run(["apt-get", *wait_for_lock, "update", "-qq"], timeout=timeout, env=env)
+        run(["apt-get", *wait_for_lock, "install", "-y", "-qq", "--no-install-recommends",
+             *missing], timeout=timeout, env=env)  # fmt: skip
     return missing
 
 
@@ -135,12 +137,27 @@ def build_images(timeouts: dict[str, float], timings: Timings) -> None:
     with timings.phase("wheels"):
         run([*nice, PODMAN_DIR / "wheels.sh"], timeout=timeouts["wheels"], env=env)
     with timings.phase("images"):
-        # Any project name: a build touches no container. One build at a time, so that the
+        # Any project name: a build touches no container. PostgreSQL's image (apt, mostly
+        # waiting on the mirror) builds beside the others; those one at a time, so that the
         # five THORN targets share their stages through the cache instead of racing.
         variables = {"THORN_ADMIN_TOKEN": "-", "THORN_NODE_NAME": "-"}
         compose = Deployment("thornbuild", variables, ROOT)
-        run([*nice, *compose.command("--parallel", "1", "build", "--pull=never")],
-            timeout=timeouts["build"], env=compose.env)  # fmt: skip
+        others = [name for name in compose.config()["services"] if name != "postgres"]
+        build = ("--parallel", "1", "build", "--pull=never")
+        postgres = subprocess.Popen(
+            [*nice, *compose.command(*build, "postgres")], cwd=ROOT, env=compose.env,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            run([*nice, *compose.command(*build, *others)], timeout=timeouts["build"],
+                env=compose.env)  # fmt: skip
+            output, _ = postgres.communicate(timeout=timeouts["build"])
+        finally:
+            if postgres.poll() is None:  # podman-compose and the podman it started
+                os.killpg(postgres.pid, signal.SIGKILL)
+                postgres.wait()
+        if postgres.returncode != 0:
+            raise LaneError(f"building postgres exited {postgres.returncode}:\n{output[-4000:]}")
 
 
 class Deployment:
@@ -264,5 +281,24 @@ class Deployment:
         self.compose("up", "-d", "--no-deps", AGENT, timeout=within)
         self.wait_healthy([AGENT], within)
 
-    def down(self, timeout: float = 180) -> None:
-        self.compose("down", "-v", "-t", "5", timeout=timeout)
+    def leftovers(self) -> list[str]:
+        """The project's containers that still exist."""
+        label = f"label=io.podman.compose.project={self.project}"
+        return podman("ps", "-a", "-q", "--filter", label, check=False).stdout.split()
+
+    def down(self, timeout: float = 180) -> list[str]:
+        """`down -v`; then whatever of the project is left (a container podman-compose no
+        longer lists, a volume, the network) goes by its label. Returns the containers
+        `down` left."""
+        left: list[str] = []
+        try:
+            self.compose("down", "-v", "-t", "5", timeout=timeout)
+        finally:
+            label = f"label=io.podman.compose.project={self.project}"
+            if left := self.leftovers():
+                podman("rm", "-f", "-v", *left, timeout=timeout, check=False)
+            volumes = podman("volume", "ls", "-q", "--filter", label, check=False).stdout.split()
+            if volumes:
+                podman("volume", "rm", "-f", *volumes, check=False)
+            podman("network", "rm", "-f", f"{self.project}_default", check=False)
+        return left
