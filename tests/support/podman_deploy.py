@@ -158,6 +158,9 @@ def build_images(timeouts: dict[str, float], timings: Timings) -> None:
                 postgres.wait()
         if postgres.returncode != 0:
             raise LaneError(f"building postgres exited {postgres.returncode}:\n{output[-4000:]}")
+        # Layers no image uses any more (earlier sources) go after a day; younger ones stay
+        # as the cache of the next run.
+        podman("image", "prune", "-f", "--filter", "until=24h", timeout=300)
 
 
 class Deployment:
