@@ -176,7 +176,9 @@ def stream_for_subject(subject: str) -> StreamSpec | None:
 
 @dataclass(frozen=True, slots=True)
 class KeyValueSpec:
-    """A JetStream KV bucket THORN owns. `history` is kept per key (1..5 here)."""
+    """A JetStream KV bucket THORN owns. `history` is kept per key (1..5 here).
+    `max_consumers`: the watches its stream allows at once (each watch is a consumer); None
+    leaves the server's default, which since nats-server 2.15 is 1,000 per stream."""
 
     bucket: str
     description: str
@@ -184,10 +186,13 @@ class KeyValueSpec:
     max_value_size: int
     max_bytes: int
     storage: Literal["file", "memory"] = "file"
+    max_consumers: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.history <= 5:
             raise ValueError(f"KV history must be 1..5, got {self.history}")
+        if self.max_consumers is not None and self.max_consumers < 1:
+            raise ValueError(f"KV max_consumers must be at least 1, got {self.max_consumers}")
 
 
 DESIRED_STATE_KV = KeyValueSpec(
@@ -196,6 +201,10 @@ DESIRED_STATE_KV = KeyValueSpec(
     history=5,
     max_value_size=8 * _MIB,
     max_bytes=1024 * _MIB,
+    # Every node's agent watches its key, and a host each of its VNIs: the server's default
+    # of 1,000 consumers per stream stopped the 1,001st agent's watch (the scale benchmark,
+    # docs/benchmarks.md). A bound still: far above nodes x (1 + VNIs per host) of any fabric.
+    max_consumers=1_000_000,
 )
 
 

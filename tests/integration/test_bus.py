@@ -25,6 +25,7 @@ from thorn.bus import (
     DesiredStateEntry,
 )
 from thorn.events import (
+    DESIRED_STATE_KV,
     STREAM_FAILOVER,
     STREAM_HEALTH,
     STREAM_PATHS,
@@ -332,6 +333,37 @@ async def test_ensure_streams_raises_a_drifted_bucket_history_back_to_the_spec(b
 
     status = await (await bus.js.key_value(spec.bucket)).status()
     assert status.history == 5
+
+
+async def test_ensure_streams_sets_an_existing_buckets_consumer_limit_to_the_spec(bus: Bus) -> None:
+    spec = KeyValueSpec(bucket="test-kv-consumers", description="t", history=1,
+                        max_value_size=1024, max_bytes=1 << 20, max_consumers=5000)  # fmt: skip
+    await bus.js.create_key_value(bucket=spec.bucket, history=1)  # the server's default limit
+
+    await bus.ensure_streams(streams=(), kv=(spec,))
+
+    assert (await bus.js.stream_info(f"KV_{spec.bucket}")).config.max_consumers == 5000
+
+
+SERVER_DEFAULT_MAX_CONSUMERS = 1000  # per stream, since nats-server 2.15
+
+
+async def test_the_desired_state_bucket_takes_more_watches_than_the_servers_default_limit(
+    bus: Bus,
+) -> None:
+    """Every agent watches its node's key (and a host its VNIs): a fabric of more than a
+    thousand nodes needs more consumers on the bucket than the server allows by default."""
+    info = await bus.js.stream_info(f"KV_{DESIRED_STATE_KV.bucket}")
+    assert info.config.max_consumers == DESIRED_STATE_KV.max_consumers
+    kv = await bus.desired_state()
+    watches = []
+    try:
+        for n in range(SERVER_DEFAULT_MAX_CONSUMERS + 1):
+            watches.append(await kv.watch(f"node.scale{n}").start())
+        info = await bus.js.stream_info(f"KV_{DESIRED_STATE_KV.bucket}")
+        assert info.state.consumer_count >= SERVER_DEFAULT_MAX_CONSUMERS + 1
+    finally:
+        await asyncio.gather(*(w.stop() for w in watches))
 
 
 # ------------------------------------------------------------------------- desired-state KV

@@ -138,7 +138,15 @@ async def _bucket_change(
             storage=api.StorageType(spec.storage),
             replicas=replicas,
         )
-        return _Change(what, None, replicas, lambda: js.create_key_value(config))
+
+        async def create() -> None:
+            await js.create_key_value(config)
+            if spec.max_consumers is not None:  # a KV config cannot say it: its stream can
+                made = await _current(js, f"KV_{spec.bucket}")
+                assert made is not None
+                await js.update_stream(dataclasses.replace(made, max_consumers=spec.max_consumers))
+
+        return _Change(what, None, replicas, create)
     # An existing bucket keeps its max_age (a lease bucket's is the lease duration in force).
     wanted = dataclasses.replace(
         current,
@@ -147,6 +155,7 @@ async def _bucket_change(
         max_msg_size=spec.max_value_size,
         max_bytes=spec.max_bytes,
         num_replicas=replicas,
+        max_consumers=current.max_consumers if spec.max_consumers is None else spec.max_consumers,
     )
     if wanted == current:
         return None

@@ -12,7 +12,9 @@ kept and sent again, oldest first, up to `backlog` items; beyond that the oldest
 dropped and the next snapshot restates the truth.
 
 `ReportQueue` is the pure part (items in, reports out); `Reporter` is the shell that owns
-the link monitor and talks to NATS.
+the link monitor and talks to NATS. Its ports come from a `LinkSource`: the kernel's
+(`LinkMonitor`, what an agent runs), or the scripted ports of the scale benchmark's simulated
+agents, which run this same code a thousand times in one process.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import asyncio
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from datetime import UTC, datetime
+from typing import Protocol
 
 import structlog
 from prometheus_client import Counter, Histogram
@@ -39,7 +42,7 @@ from thorn.events import (
     utcnow,
 )
 from thorn_programmer.kernel import TEP_DEVICE
-from thorn_programmer.monitor import LinkCounters, LinkEvent, LinkMonitor, Resync
+from thorn_programmer.monitor import LinkCounters, LinkEvent, LinkMonitor, MonitorItem, Resync
 from thorn_programmer.render import FLOWER_TUNNEL
 
 log = structlog.get_logger("thorn.programmer.reports")
@@ -169,8 +172,22 @@ class ReportQueue:
         self.seq += 1
 
 
+class LinkSource(Protocol):
+    """A node's ports as `LinkMonitor` gives them: started, iterated for changes, sampled for
+    the periodic snapshot (from a worker thread), closed."""
+
+    def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    def sample(self) -> tuple[list[LinkEvent], dict[str, LinkCounters]]: ...
+
+    def __aiter__(self) -> AsyncIterator[MonitorItem]: ...
+
+
 class Reporter:
-    """Runs one node's link monitor and sends its reports (see the module's docstring)."""
+    """Runs one node's link monitor and sends its reports (see the module's docstring).
+    `links` opens the node's link source for its namespace (the kernel's by default)."""
 
     def __init__(
         self,
@@ -181,6 +198,7 @@ class Reporter:
         period: float = 5.0,
         timeout: float = 1.0,
         on_link: Callable[[LinkEvent], None] | None = None,
+        links: Callable[[str | None], LinkSource] = LinkMonitor,
     ) -> None:
         self.node = node
         self.bus = bus
@@ -189,6 +207,7 @@ class Reporter:
         self.timeout = timeout
         self.queue = ReportQueue(node)
         self.on_link = on_link
+        self.links = links
         self._wake = asyncio.Event()
 
     def bfd(self, item: BfdReport) -> None:
@@ -197,7 +216,7 @@ class Reporter:
         self._wake.set()
 
     async def run(self) -> None:
-        monitor = LinkMonitor(self.netns)
+        monitor = self.links(self.netns)
         monitor.start()
         tasks = [
             asyncio.create_task(self._follow(monitor), name=f"report-links-{self.node}"),
@@ -211,7 +230,7 @@ class Reporter:
             await asyncio.gather(*tasks, return_exceptions=True)
             monitor.close()
 
-    async def _follow(self, monitor: LinkMonitor) -> None:
+    async def _follow(self, monitor: LinkSource) -> None:
         async for item in monitor:
             if isinstance(item, Resync):
                 continue  # the dump's LinkEvents follow, and `link` keeps only real changes
@@ -220,7 +239,7 @@ class Reporter:
             if self.queue.link(item):
                 self._wake.set()
 
-    async def _snapshots(self, monitor: LinkMonitor) -> None:
+    async def _snapshots(self, monitor: LinkSource) -> None:
         while True:
             links, counters = await asyncio.to_thread(monitor.sample)
             self.queue.snapshot(links, counters, utcnow())
