@@ -39,6 +39,7 @@ from waiting import eventually
 from thorn.auth import hash_token
 from thorn.bus import Bus, BusError, ReplicasError
 from thorn.events import (
+    DESIRED_STATE_KV,
     STREAM_FAILOVER,
     STREAM_HEALTH,
     STREAM_TOPOLOGY,
@@ -199,6 +200,30 @@ async def test_a_service_given_more_replicas_than_servers_stops_with_one_line_na
         assert "THORN_NATS_REPLICAS=4" in refusal["error"], refusal
         assert "Traceback" not in text, text
         assert {i.config.name: i.config for i in await bus.js.streams_info()} == before
+
+
+async def test_a_new_desired_state_bucket_takes_more_watches_than_the_servers_default(
+    cluster: NatsCluster,
+) -> None:
+    """Every agent watches its node's key (a host its VNIs too): a bucket made at R3 carries
+    its own consumer limit, above the 1,000 per stream nats-server 2.15 allows by default."""
+    spec = KeyValueSpec(bucket=fresh("watched").lower().replace("_", "-"), description="test",
+                        history=1, max_value_size=1024, max_bytes=1 << 20,
+                        max_consumers=DESIRED_STATE_KV.max_consumers)  # fmt: skip
+    async with await Bus.connect(cluster.url, name="test-watches", replicas=3) as bus:
+        await bus.ensure_streams((), kv=(spec,))
+        info = await bus.js.stream_info(f"KV_{spec.bucket}")
+        assert (info.config.max_consumers, info.config.num_replicas) == (spec.max_consumers, 3)
+        kv = await bus.desired_state(spec)
+        watches = []
+        try:
+            for n in range(1001):
+                watches.append(await kv.watch(f"node.n{n}").start())
+            info = await bus.js.stream_info(f"KV_{spec.bucket}")
+            assert info.state.consumer_count == 1001
+        finally:
+            await asyncio.gather(*(w.stop() for w in watches))
+            await bus.js.delete_stream(f"KV_{spec.bucket}")
 
 
 async def test_a_stream_and_a_lease_bucket_made_with_one_replica_are_raised_to_three(
