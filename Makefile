@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-deploy test-kernel lint openapi bench bench-failover venv test-deps dashboard clean
+.PHONY: run test test-deploy test-kernel lint openapi bench bench-failover bench-scale venv test-deps dashboard clean
 
 # The dashboard (Vite + TypeScript), rebuilt when its sources or the API document change.
 DASH := services/gateway/dashboard
@@ -93,6 +93,13 @@ bench: venv dashboard
 bench-failover: venv test-deps
 	@$(BIN)/python -c "import matplotlib" 2>/dev/null || $(BIN)/python -m pip install --quiet matplotlib
 	$(BIN)/python tests/bench/bench_failover.py --failures 100 --write docs/benchmarks.md
+
+## bench-scale: 1,000 simulated agents (the programmer's own agent code, a null datapath)
+## against topology, health and pathcomp on the embedded nats-server and a 3-server cluster:
+## link failure and topology change to every agent's document, health's ingest, CPU and
+## memory; results go to docs/benchmarks.md
+bench-scale: venv
+	$(BIN)/python tests/bench/bench_scale.py --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache  # .thorn (store, token) is kept
