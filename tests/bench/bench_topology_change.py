@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import sys
@@ -54,8 +55,6 @@ class Stamps:
         nc = await nats.connect(url, name="bench-topology-change")
 
         async def on_event(msg: Any) -> None:
-            import json
-
             self.events[int(json.loads(msg.data)["revision"])] = time.monotonic()
 
         async def on_write(msg: Any) -> None:
@@ -95,11 +94,13 @@ async def timed_write(
 async def host_round_trip(api: httpx.AsyncClient, stamps: Stamps, host: str) -> list[Row]:
     """Delete `host` with everything it has, then put it back as it was."""
     node = (await api.get(f"/api/v1/nodes/{host}")).json()
-    links = [lk for lk in (await api.get("/api/v1/links", params={"node": host,
-             "limit": 1000})).json()["items"]]  # fmt: skip
-    teps = [t for t in (await api.get("/api/v1/teps", params={"node": host})).json()["items"]]
-    workloads = [w for w in (await api.get("/api/v1/workloads", params={"node": host,
-                 "limit": 1000})).json()["items"] if w["node"] == host]  # fmt: skip
+
+    async def items(path: str) -> list[dict[str, Any]]:
+        answer = await api.get(path, params={"node": host, "limit": 1000})
+        return list(answer.raise_for_status().json()["items"])
+
+    links, teps, workloads = [await items(f"/api/v1/{kind}") for kind in
+                              ("links", "teps", "workloads")]  # fmt: skip
     rows = [("remove", *await timed_write(api, stamps, "DELETE",
                                            f"/api/v1/nodes/{host}?cascade=true"))]  # fmt: skip
     rows.append(("add: node", *await timed_write(api, stamps, "POST", "/api/v1/nodes", node)))

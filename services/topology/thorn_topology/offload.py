@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from thorn import clab, generators
-from thorn.fabric import Fabric, FabricError
+from thorn.fabric import Fabric
 from thorn.model import FabricDocument, FabricSummary
 from thorn.store import PoolSettings, Store
 from thorn_topology.export import SerialisedDocument, serialise
@@ -146,4 +146,4 @@ def worker_pool() -> ProcessPoolExecutor:
     )
 
 
-__all__ = ["Base", "Commit", "FabricError", "Outcome", "Refused", "Source", "replace_fabric"]
+__all__ = ["Base", "Commit", "Outcome", "Refused", "Source", "replace_fabric"]
