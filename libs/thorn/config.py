@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from thorn.store import PoolSettings, sqlite_url
+from thorn.tls import ServerFiles, client_context, server_files
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -47,8 +49,36 @@ class Settings(BaseSettings):
         description="copies of every JetStream stream and KV bucket THORN creates: 1 on one "
         "NATS server, 3 on a 3-server cluster; at most the cluster's size",
     )  # fmt: skip
+    nats_ca: Path | None = Field(
+        None,
+        description="NATS over TLS: the CA certificates (PEM) the servers' certificates are "
+        "verified with; set, a server that does not speak TLS is refused",
+    )
+    nats_cert: Path | None = Field(
+        None, description="NATS over TLS: a client certificate (PEM), for servers that verify "
+        "their clients; with THORN_NATS_KEY",
+    )  # fmt: skip
+    nats_key: Path | None = Field(None, description="NATS over TLS: THORN_NATS_CERT's key (PEM)")
     admin_token: SecretStr | None = Field(None, description="bootstrap admin bearer token")
     listen: str = Field("127.0.0.1:8080", description="host:port of the HTTP API")
+    tls_cert: Path | None = Field(
+        None,
+        description="HTTPS: the certificate (PEM, its chain after it) this process serves its "
+        "HTTP API with; with THORN_TLS_KEY. Unset: plain HTTP",
+    )
+    tls_key: Path | None = Field(
+        None, description="HTTPS: THORN_TLS_CERT's private key (PEM, unencrypted; keep it 0600)"
+    )
+    tls_ca: Path | None = Field(
+        None,
+        description="entry point: the CA certificates (PEM) https:// upstreams are verified "
+        "with; default: the system's",
+    )
+    tls: Literal["off", "local"] = Field(
+        "off",
+        description="thorn-run: local: make a local CA and certificates in THORN_DATA_DIR/tls "
+        "and serve the API over HTTPS and NATS over TLS with them",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     max_body_bytes: int = Field(1 * MiB, ge=1 * KiB, description="limit for ordinary requests")
@@ -178,6 +208,13 @@ class Settings(BaseSettings):
         1000, ge=1, le=1000, description="health: most items it accepts in one agent report"
     )
 
+    @field_validator("nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key", "tls_ca",
+                     mode="before")  # fmt: skip
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        # Set but empty (a compose ${VAR:-}) is unset, not the current directory.
+        return None if value == "" else value
+
     @classmethod
     def unknown_environment(cls) -> list[str]:
         """THORN_* variables no setting reads: most likely typos an admin wants to hear of."""
@@ -221,6 +258,28 @@ class Settings(BaseSettings):
                 raise ValueError(f"THORN_UPSTREAMS: {name.strip()}={base} is given twice")
             out[name.strip()] = (*out.get(name.strip(), ()), base)
         return out
+
+    @property
+    def https(self) -> ServerFiles | None:
+        """THORN_TLS_CERT and THORN_TLS_KEY, checked (TlsSettingError naming the one at fault);
+        None: plain HTTP."""
+        return server_files(self.tls_cert, self.tls_key)
+
+    @property
+    def nats_tls(self) -> ssl.SSLContext | None:
+        """The NATS client's TLS context from THORN_NATS_CA (and THORN_NATS_CERT/KEY), checked
+        (TlsSettingError naming the setting at fault); None: plain NATS."""
+        if self.nats_ca is None and self.nats_cert is None and self.nats_key is None:
+            return None
+        return client_context(self.nats_ca, ca_variable="THORN_NATS_CA", cert=self.nats_cert,
+                              key=self.nats_key, cert_variable="THORN_NATS_CERT",
+                              key_variable="THORN_NATS_KEY")  # fmt: skip
+
+    @property
+    def upstream_tls(self) -> ssl.SSLContext:
+        """What the entry point verifies https:// upstreams with: THORN_TLS_CA, else the
+        system's CAs (TlsSettingError naming THORN_TLS_CA)."""
+        return client_context(self.tls_ca, ca_variable="THORN_TLS_CA")
 
     @property
     def host_port(self) -> tuple[str, int]:

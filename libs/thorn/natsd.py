@@ -7,12 +7,17 @@ several of them as one JetStream cluster on loopback, as production runs NATS.
 
 `resolve_nats(url)` is what a service's startup calls: use the given URL, or start an embedded
 server for the duration of the context.
+
+Either can speak TLS (`NatsServerTls`: certificate files): to clients, and on a cluster's
+routes too. Clients still read the server's INFO in plain text first and then upgrade, as
+nats-py does when INFO says `tls_required`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -21,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, NoReturn, Self
@@ -45,6 +51,30 @@ class _PortTakenError(NatsServerError):
 
 
 _PORT_ATTEMPTS = 3
+TLS_TIMEOUT_S = 5  # a handshake on a loaded 2-core machine can take longer than the default
+
+
+@dataclass(frozen=True, slots=True)
+class NatsServerTls:
+    """A nats-server's TLS: its certificate and key (PEM files), and the CA it verifies the
+    other end with: a cluster's routes always, clients when `verify_clients` (mutual TLS)."""
+
+    cert: Path
+    key: Path
+    ca: Path | None = None
+    verify_clients: bool = False
+
+    def block(self, *, verify: bool) -> str:
+        """The `tls { }` block of the server's configuration."""
+        if verify and self.ca is None:
+            raise NatsServerError("verifying peers needs a CA file (NatsServerTls.ca)")
+        lines = [f"cert_file: {json.dumps(str(self.cert))}",
+                 f"key_file: {json.dumps(str(self.key))}", f"timeout: {TLS_TIMEOUT_S}"]  # fmt: skip
+        if self.ca is not None:
+            lines.append(f"ca_file: {json.dumps(str(self.ca))}")
+        if verify:
+            lines.append("verify: true")
+        return "tls {\n" + "".join(f"  {line}\n" for line in lines) + "}\n"
 
 
 def find_nats_server() -> Path:
@@ -114,7 +144,10 @@ class EmbeddedNats(_Started):
     same store directory (JetStream data survives), as a crashed-and-restarted server would.
     The server's log goes to `log_dir`/nats-server.log (kept), else to a temporary directory
     that `stop()` removes. `new_session` puts the server in a session of its own, so a
-    terminal's Ctrl-C reaches only the parent, which stops it in its own time.
+    terminal's Ctrl-C reaches only the parent, which stops it in its own time. `tls`: clients
+    must speak TLS (with a client certificate if it says `verify_clients`); `route_tls`: so
+    must the routes of a cluster (`extra_args` gives the cluster). Both go to a configuration
+    file, `nats-server.conf` in the log directory.
     """
 
     def __init__(
@@ -129,8 +162,12 @@ class EmbeddedNats(_Started):
         extra_args: tuple[str, ...] = (),
         log_dir: str | os.PathLike[str] | None = None,
         new_session: bool = False,
+        tls: NatsServerTls | None = None,
+        route_tls: NatsServerTls | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
+        self.route_tls = route_tls
         self._requested_port = port
         self._port: int | None = port
         self._binary = Path(binary) if binary is not None else None
@@ -302,8 +339,12 @@ class EmbeddedNats(_Started):
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._close_log()
         self._log_file = open(self._log_dir / "nats-server.log", "ab")  # noqa: SIM115
+        config = self._config()
+        if config:
+            (self._log_dir / "nats-server.conf").write_text(config)
         args = [
             str(binary),
+            *(("-c", str(self._log_dir / "nats-server.conf")) if config else ()),
             "-a",
             self.host,
             "-p",
@@ -324,6 +365,16 @@ class EmbeddedNats(_Started):
         log.debug(
             "nats_server_spawned", pid=self._proc.pid, url=self.url, store=str(self._store_dir)
         )
+
+    def _config(self) -> str:
+        """The configuration file's text (empty: none needed): what the command line cannot
+        say. The command line's options are applied over it."""
+        blocks = []
+        if self.tls is not None:
+            blocks.append(self.tls.block(verify=self.tls.verify_clients))
+        if self.route_tls is not None:
+            blocks.append("cluster {\n" + self.route_tls.block(verify=True) + "}\n")
+        return "".join(blocks)
 
     def _exited_check(self) -> None:
         if self._proc is not None and self._proc.poll() is not None:
@@ -393,6 +444,8 @@ class NatsCluster(_Started):
     every server and its own store under `base_dir` (a temporary directory `stop()` removes
     when none is given). Healthy means the monitoring endpoint `/healthz` answers ok: the
     server is in the JetStream meta group with a leader known and its streams current.
+    With `tls` (its `ca` required) clients and routes speak TLS, every route verified against
+    the CA; the monitoring port stays plain HTTP on loopback.
     """
 
     def __init__(
@@ -404,9 +457,13 @@ class NatsCluster(_Started):
         base_dir: str | os.PathLike[str] | None = None,
         startup_timeout: float = 30.0,
         binary: str | os.PathLike[str] | None = None,
+        tls: NatsServerTls | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster has at least one server, not {size}")
+        if tls is not None and tls.ca is None:
+            raise ValueError("a cluster's routes verify each other: NatsServerTls needs its ca")
+        self.tls = tls
         self.size = size
         self.name = name
         self.host = host
@@ -545,7 +602,7 @@ class NatsCluster(_Started):
             server = EmbeddedNats(
                 port=client_ports[index], store_dir=home / "store", host=self.host,
                 binary=self._binary, startup_timeout=self.startup_timeout, extra_args=args,
-                log_dir=home,
+                log_dir=home, tls=self.tls, route_tls=self.tls,
             )  # fmt: skip
             self.servers.append(server)
             server.start()  # accepts clients at once; JetStream waits for its peers
@@ -571,6 +628,7 @@ __all__ = [
     "EmbeddedNats",
     "NatsCluster",
     "NatsServerError",
+    "NatsServerTls",
     "find_nats_server",
     "free_port",
     "resolve_nats",

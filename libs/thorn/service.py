@@ -16,6 +16,7 @@ from thorn.bus import Bus, ReplicasError
 from thorn.config import Settings
 from thorn.store import DatabaseUnusable, Store
 from thorn.telemetry import configure_logging
+from thorn.tls import TlsSettingError
 from thorn.watchdog import settle_heap
 
 
@@ -36,8 +37,9 @@ async def open_store_and_bus(
         stack.push_async_callback(store.close)
     if bus is None:
         bus = await Bus.connect(
-            settings.nats_url, name=f"thorn-{name}", replicas=settings.nats_replicas
-        )
+            settings.nats_url, name=f"thorn-{name}", replicas=settings.nats_replicas,
+            tls=settings.nats_tls,
+        )  # fmt: skip
         stack.push_async_callback(bus.close)
         await bus.ensure_streams()
     return store, bus
@@ -45,8 +47,13 @@ async def open_store_and_bus(
 
 def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
     """Serve until SIGINT/SIGTERM; uvicorn drains requests and runs the lifespan's cleanup.
-    `loop="asyncio"` for a service that opens netlink sockets: uvloop refuses them."""
+    `loop="asyncio"` for a service that opens netlink sockets: uvloop refuses them. HTTPS
+    with THORN_TLS_CERT and THORN_TLS_KEY, checked before anything listens."""
     host, port = settings.host_port
+    try:
+        https = settings.https
+    except TlsSettingError as exc:
+        refuse_tls(exc)
     started = app.router.lifespan_context
 
     @asynccontextmanager
@@ -57,13 +64,29 @@ def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
                 yield state
         except DatabaseUnusable as exc:
             refuse_to_start(exc)
+        except TlsSettingError as exc:  # THORN_NATS_CA and its kin, read when NATS is
+            refuse_tls(exc)
         except ReplicasError:
             # Logged where refused (`stream_replicas_refused`, naming THORN_NATS_REPLICAS and
             # the cluster's size): fix the setting, or bring the cluster's servers up.
             _exit(os.EX_CONFIG)
 
     app.router.lifespan_context = settled
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, loop=loop)
+    uvicorn.run(
+        app, host=host, port=port, log_config=None, access_log=False, loop=loop,
+        ssl_certfile=https.cert if https else None, ssl_keyfile=https.key if https else None,
+    )  # fmt: skip
+
+
+def refuse_tls(exc: TlsSettingError) -> NoReturn:
+    """End a process whose TLS setting is unusable (a file missing, unreadable, not PEM, a key
+    that is not its certificate's): one log line naming the variable and its file, never its
+    content (event `tls_unusable`), then exit 78 (EX_CONFIG)."""
+    structlog.get_logger("thorn").error(
+        "tls_unusable", variable=exc.variable, path=exc.path, problem=exc.problem,
+        error=str(exc), exit_code=os.EX_CONFIG,
+    )  # fmt: skip
+    _exit(os.EX_CONFIG)
 
 
 def refuse_to_start(exc: DatabaseUnusable) -> NoReturn:

@@ -13,6 +13,12 @@ What it started is written to `<data dir>/run.json` (the API, every service's UR
 the NATS URL, the lab's prefix), for scripts and benchmarks that drive a running THORN; it is
 removed on a clean stop.
 
+With THORN_TLS=local it makes a local CA and a certificate (thorn.local_ca, in
+`<data dir>/tls`, reused across runs): the entry point serves HTTPS with it, and nats-server
+speaks TLS only, every child verifying it with the CA (THORN_NATS_CA). The services behind
+the entry point listen on loopback in plain HTTP. Without it, THORN_TLS_CERT and
+THORN_TLS_KEY (the admin's own files) make the entry point alone serve HTTPS.
+
 Then it supervises: a child that exits (a service, the programmer or nats-server) is started
 again with back-off (`thorn.supervisor` decides when; this module only polls and spawns),
 and nothing else is touched. A controller failure must never touch the data plane, so the
@@ -25,6 +31,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -38,12 +46,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from thorn import local_ca
 from thorn.auth import new_token
 from thorn.config import Settings
-from thorn.natsd import EmbeddedNats, NatsServerError, free_port
+from thorn.natsd import EmbeddedNats, NatsServerError, NatsServerTls, free_port
 from thorn.proc import die_with_parent
 from thorn.supervisor import Restart, Supervisor
 from thorn.telemetry import configure_logging
+from thorn.tls import client_context
 
 console = Console()
 STOP_TIMEOUT = 10.0
@@ -56,6 +66,10 @@ EMULATED_BFD_PEERS = 2
 POLL_INTERVAL = 0.1  # how soon a dead child is noticed
 RUN_FILE = "run.json"
 LOG_TAIL_LINES = 5
+# TLS settings of the admin's environment that thorn-run decides for its children itself: the
+# services listen on loopback behind the entry point, and the embedded NATS is its own.
+TLS_VARIABLES = ("THORN_TLS_CERT", "THORN_TLS_KEY", "THORN_NATS_CA", "THORN_NATS_CERT",
+                 "THORN_NATS_KEY")  # fmt: skip
 
 
 class Supervised(Protocol):
@@ -78,6 +92,8 @@ class Child:
     log: Path
     process: subprocess.Popen[bytes]
     started_at: float = field(default_factory=time.monotonic)
+    https: bool = False  # serves THORN_TLS_CERT (the entry point, when TLS is on)
+    ca: Path | None = None  # what its certificate is verified with (None: the admin's own)
 
     @property
     def service(self) -> str:
@@ -86,7 +102,17 @@ class Child:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.https else 'http'}://127.0.0.1:{self.port}"
+
+    @property
+    def verify(self) -> ssl.SSLContext | bool:
+        """How a readiness probe checks its certificate: with the local CA; an admin's own
+        certificate need not name 127.0.0.1, and the probe sends nothing secret."""
+        if not self.https:
+            return True
+        if self.ca is None:
+            return False
+        return client_context(self.ca, ca_variable="THORN_TLS_CA")
 
     def poll(self) -> int | None:
         return self.process.poll()
@@ -177,7 +203,7 @@ def _wait_ready(child: Child, deadline: float) -> None:
                 f"{child.name} exited with {child.process.returncode}:\n" + "\n".join(tail)
             )
         with contextlib.suppress(httpx.HTTPError):  # a busy start-up may answer slowly
-            if httpx.get(f"{child.url}/healthz", timeout=3).status_code == 200:
+            if httpx.get(f"{child.url}/healthz", timeout=3, verify=child.verify).status_code == 200:
                 return
         time.sleep(0.1)
     raise RuntimeError(
@@ -268,12 +294,17 @@ def _stop(children: list[Child]) -> None:
             child.process.wait()
 
 
-def write_run_file(path: Path, children: list[Child], nats: EmbeddedNats, lab: str | None) -> None:
-    """What is running where, as JSON (written whole, then renamed: never seen half)."""
+def write_run_file(
+    path: Path, children: list[Child], nats: EmbeddedNats, lab: str | None,
+    ca: Path | None = None,
+) -> None:  # fmt: skip
+    """What is running where, as JSON (written whole, then renamed: never seen half); `ca`:
+    the local CA that the API's and NATS's certificates are verified with (THORN_TLS=local)."""
     run = {
         "pid": os.getpid(),
         "api": next((c.url for c in children if c.name == "gateway"), children[0].url),
         "nats": nats.url,
+        "ca": str(ca) if ca is not None else None,
         "lab": lab,
         "services": {c.name: {"url": c.url, "log": str(c.log)} for c in children},
     }
@@ -300,6 +331,19 @@ def _seed(api: str, token: str) -> dict[str, int]:
     return summary
 
 
+def local_tls(settings: Settings, data_dir: Path) -> local_ca.LocalCA:
+    """THORN_TLS=local: the local CA and a certificate for loopback, this host's name and
+    the address the entry point listens on (in `<data dir>/tls`, kept while usable)."""
+    if settings.tls_cert is not None or settings.tls_key is not None:
+        raise ValueError("THORN_TLS=local makes its own certificate: unset THORN_TLS_CERT and "
+                         "THORN_TLS_KEY, or THORN_TLS")  # fmt: skip
+    host = settings.host_port[0]
+    names = [*local_ca.LOOPBACK_NAMES, socket.gethostname()]
+    if host not in ("0.0.0.0", "::", ""):
+        names.append(host)
+    return local_ca.ensure(data_dir / "tls", names)
+
+
 def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level, "console")
@@ -318,15 +362,22 @@ def main() -> None:
     lab_built: str | None = None
     nats: EmbeddedNats | None = None
     supervisor: Supervisor | None = None
+    tls: local_ca.LocalCA | None = None
     try:
+        if settings.tls == "local":
+            with console.status("making the local CA and certificates"):
+                tls = local_tls(settings, data_dir)
+        https = settings.https if tls is None else None  # the admin's own files, checked
         with console.status("starting nats-server (JetStream)"):
             # Its own session: Ctrl-C reaches the launcher only, which stops NATS last, after
             # the services; its log is kept with theirs.
-            nats = EmbeddedNats(store_dir=data_dir / "nats", log_dir=logs, new_session=True)
+            nats = EmbeddedNats(store_dir=data_dir / "nats", log_dir=logs, new_session=True,
+                                tls=NatsServerTls(tls.cert, tls.key) if tls else None)  # fmt: skip
             nats_started = time.monotonic()
             nats.start()
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in TLS_VARIABLES},
+            **({"THORN_NATS_CA": str(tls.ca)} if tls else {}),
             "THORN_NATS_URL": nats.url,
             "THORN_ADMIN_TOKEN": token,
             "THORN_DATA_DIR": str(data_dir),
@@ -343,9 +394,13 @@ def main() -> None:
                     children.append(child)
                     _wait_ready(child, time.monotonic() + settings.start_timeout_s)
         upstreams = ",".join(f"{c.service}={c.url}" for c in children)
+        served = tls or https
+        served_with = ({"THORN_TLS_CERT": str(served.cert), "THORN_TLS_KEY": str(served.key)}
+                       if served else {})  # fmt: skip
         with console.status("starting the entry point"):
-            gateway = _spawn("gateway", settings.host_port[1],
-                             {**env, "THORN_UPSTREAMS": upstreams}, logs)  # fmt: skip
+            gateway_env = {**env, "THORN_UPSTREAMS": upstreams, **served_with}
+            gateway = _spawn("gateway", settings.host_port[1], gateway_env, logs)
+            gateway.https, gateway.ca = served is not None, tls.ca if tls else None
             children.append(gateway)
             _wait_ready(gateway, time.monotonic() + settings.start_timeout_s)
         with console.status("loading the fabric"):
@@ -364,8 +419,9 @@ def main() -> None:
             token if generated else None,
             lab_note,
             bfd_note(settings) if lab_built is not None else None,
+            tls.ca if tls else None,
         )
-        write_run_file(data_dir / RUN_FILE, children, nats, lab_built)
+        write_run_file(data_dir / RUN_FILE, children, nats, lab_built, tls.ca if tls else None)
         supervisor = Supervisor()
         procs: list[Supervised] = [
             NatsChild(nats, logs / "nats-server.log", nats_started),
@@ -489,6 +545,7 @@ def _report(
     new_token_value: str | None,
     lab_note: str,
     bfd: str | None,
+    ca: Path | None = None,
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     entry = next(c for c in children if c.name == "gateway")
@@ -504,7 +561,13 @@ def _report(
             "programmer",
             f"{len(per_node)} processes, one per lab node  logs: {logs}/programmer@<node>.log",
         )
-    table.add_row("NATS", nats.url)
+    table.add_row("NATS", nats.url + (" (TLS only)" if ca else ""))
+    if ca is not None:
+        table.add_row(
+            "TLS",
+            f"local CA {ca}: thornctl --ca {ca} (or THORN_CA), curl --cacert {ca}; "
+            f"NATS clients: THORN_NATS_CA={ca}",
+        )
     table.add_row("store", str(data_dir / "thorn.db"))
     table.add_row(
         "fabric",

@@ -8,6 +8,7 @@ with the API's one-line `detail`.
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -30,7 +31,14 @@ def normalise_url(url: str) -> str:
 
 
 class Client:
-    def __init__(self, url: str, token: str | None, timeout: float, option: str = "--url") -> None:
+    def __init__(
+        self,
+        url: str,
+        token: str | None,
+        timeout: float,
+        option: str = "--url",
+        verify: ssl.SSLContext | bool = True,
+    ) -> None:
         self.url = normalise_url(url)
         self.option = option  # where the URL came from, for the hints below
         self.timeout = timeout
@@ -38,7 +46,9 @@ class Client:
         headers = {"Accept": "application/json", "User-Agent": "thornctl"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._http = httpx.Client(
+            base_url=self.url, headers=headers, timeout=timeout, verify=verify
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -96,6 +106,8 @@ class Client:
             ) from exc
         except httpx.TransportError as exc:
             reason = str(exc) or type(exc).__name__
+            if "CERTIFICATE_VERIFY_FAILED" in reason:
+                reason += "; give the CA that signed its certificate with --ca FILE (THORN_CA)"
             raise CliError(
                 f"cannot reach THORN at {self.url}: {reason}", ExitCode.UNAVAILABLE
             ) from exc

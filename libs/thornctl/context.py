@@ -4,13 +4,17 @@ options, and the time formats of API data."""
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from thorn.tls import TlsSettingError, client_context
 from thornctl.client import Client
+from thornctl.errors import CliError, ExitCode
 from thornctl.render import Out
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -26,17 +30,29 @@ class State:
     token: str | None
     timeout: float
     out: Out
+    verify: ssl.SSLContext | bool = True  # how an https:// URL's certificate is checked
     _client: Client | None = field(default=None, init=False)
 
     @property
     def client(self) -> Client:
         if self._client is None:
-            self._client = Client(self.url, self.token, self.timeout)
+            self._client = Client(self.url, self.token, self.timeout, verify=self.verify)
         return self._client
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def verify_with(ca: Path | None) -> ssl.SSLContext | bool:
+    """--ca: a TLS context trusting that CA file (checked now: a missing or non-PEM file is
+    a CliError, exit 66); None: the system's CAs."""
+    if ca is None:
+        return True
+    try:
+        return client_context(ca, ca_variable="--ca")
+    except TlsSettingError as exc:
+        raise CliError(str(exc), ExitCode.NOINPUT) from None
 
 
 def state_of(ctx: typer.Context) -> State:

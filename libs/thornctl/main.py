@@ -8,6 +8,9 @@ audit), `paths` (paths, plan), `health`, `failovers`, `tenants`, `lab`, `rdma`; 
 Global options (before the command)
     --url URL          the API (env THORN_URL; default http://127.0.0.1:8080)
     --token TOKEN      a bearer token (env THORN_TOKEN)
+    --ca FILE          the CA certificate (PEM) an https:// URL's certificate is verified
+                       with (env THORN_CA; make run's THORN_TLS=local writes
+                       <data dir>/tls/ca.pem); default: the system's CAs
     -o, --output FMT   table (default; rich tables for people), json (exactly the API's
                        JSON, for scripts) or yaml (env THORN_OUTPUT)
     --timeout SECONDS  per request (env THORN_TIMEOUT; default 60)
@@ -52,6 +55,7 @@ to stderr.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
@@ -59,7 +63,7 @@ import typer
 from typer.core import TyperGroup
 
 from thornctl import elements, fabric, registrations, tokens
-from thornctl.context import DEFAULT_TIMEOUT, DEFAULT_URL, State, state_of
+from thornctl.context import DEFAULT_TIMEOUT, DEFAULT_URL, State, state_of, verify_with
 from thornctl.elements import links_app, nodes_app
 from thornctl.errors import CliError
 from thornctl.failovers import failovers_app
@@ -155,12 +159,22 @@ def main(
             "--timeout", envvar="THORN_TIMEOUT", min=0.1, help="Seconds to wait per request."
         ),
     ] = DEFAULT_TIMEOUT,
+    ca: Annotated[
+        Path | None,
+        typer.Option(
+            "--ca",
+            envvar="THORN_CA",
+            help="CA certificate (PEM) to verify an https:// URL with (default: the system's).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Command line for THORN, the SDN controller for RDMA training fabrics."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise typer.BadParameter(f"'{url}' is not an http:// or https:// URL", param_hint="--url")
-    state = State(url=url, token=token or None, timeout=timeout, out=Out(output))
+    state = State(url=url, token=token or None, timeout=timeout, out=Out(output),
+                  verify=verify_with(ca))  # fmt: skip
     ctx.obj = state
     ctx.call_on_close(state.close)
 

@@ -1,12 +1,19 @@
-"""The event bus against a real nats-server (JetStream on), started with EmbeddedNats."""
+"""The event bus against a real nats-server (JetStream on), started with EmbeddedNats.
+
+Every test on the shared server, the reconnect and the seed-list tests run twice: over plain
+NATS and over TLS (a server that speaks only TLS, with a certificate from a local CA that the
+bus verifies it with).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
@@ -15,6 +22,7 @@ import pytest
 import pytest_asyncio
 from pydantic import BaseModel
 
+from thorn import local_ca
 from thorn.bus import (
     DISCONNECTS,
     RECONNECTS,
@@ -42,7 +50,15 @@ from thorn.events import (
     agent_report_subject,
     health_link_subject,
 )
-from thorn.natsd import EmbeddedNats, NatsServerError, _greeting_seen, free_port, resolve_nats
+from thorn.natsd import (
+    EmbeddedNats,
+    NatsServerError,
+    NatsServerTls,
+    _greeting_seen,
+    free_port,
+    resolve_nats,
+)
+from thorn.tls import client_context
 
 pytestmark = pytest.mark.nats
 
@@ -50,15 +66,38 @@ AT = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 WAIT = 5.0  # upper bound for anything that should take milliseconds
 
 
+@dataclass(frozen=True)
+class Transport:
+    """How the tests reach NATS: plain, or TLS with the server's certificate and the
+    client's context that verifies it."""
+
+    server: NatsServerTls | None = None
+    client: ssl.SSLContext | None = None
+
+
+@pytest.fixture(scope="module", params=["plain", "tls"])
+def transport(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Transport:
+    if request.param == "plain":
+        return Transport()
+    ca = local_ca.ensure(tmp_path_factory.mktemp("tls"))
+    return Transport(NatsServerTls(ca.cert, ca.key), client_context(ca.ca, ca_variable="CA"))
+
+
 @pytest.fixture(scope="module")
-def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    with EmbeddedNats(store_dir=tmp_path_factory.mktemp("js")) as server:
+def nats_server(
+    tmp_path_factory: pytest.TempPathFactory, transport: Transport
+) -> Iterator[EmbeddedNats]:
+    with EmbeddedNats(store_dir=tmp_path_factory.mktemp("js"), tls=transport.server) as server:
         yield server
 
 
 @pytest_asyncio.fixture(scope="module")
-async def bus(nats_server: EmbeddedNats) -> AsyncIterator[Bus]:
-    async with await Bus.connect(nats_server.url, name="test-bus") as connected:
+async def bus(nats_server: EmbeddedNats, transport: Transport) -> AsyncIterator[Bus]:
+    async with await Bus.connect(
+        nats_server.url, name="test-bus", tls=transport.client
+    ) as connected:
         await connected.ensure_streams()
         yield connected
 
@@ -483,12 +522,13 @@ async def test_watch_of_one_node_sees_only_that_node(bus: Bus) -> None:
 
 
 async def test_the_bus_reconnects_after_a_server_restart_and_publishes_again(
-    tmp_path: Path,
+    tmp_path: Path, transport: Transport
 ) -> None:
-    server = EmbeddedNats(store_dir=tmp_path / "js")
+    server = EmbeddedNats(store_dir=tmp_path / "js", tls=transport.server)
     await server.astart()
     try:
-        bus = await Bus.connect(server.url, name="test-reconnect", reconnect_time_wait=0.05)
+        bus = await Bus.connect(server.url, name="test-reconnect", reconnect_time_wait=0.05,
+                                tls=transport.client)  # fmt: skip
         async with bus:
             await bus.ensure_streams()
             before = await bus.publish(link_event(200))
@@ -583,8 +623,9 @@ async def test_resolve_nats_without_a_url_runs_an_embedded_server_for_the_block(
 
 
 async def test_a_comma_separated_url_lists_the_servers_of_a_cluster(
-    nats_server: EmbeddedNats,
+    nats_server: EmbeddedNats, transport: Transport
 ) -> None:
     dead = f"nats://127.0.0.1:{free_port()}"
-    async with await Bus.connect(f"{dead}, {nats_server.url}", name="test-cluster") as bus:
+    async with await Bus.connect(f"{dead}, {nats_server.url}", name="test-cluster",
+                                 tls=transport.client) as bus:  # fmt: skip
         assert bus.is_connected

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Awaitable, Callable, Sequence
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -75,6 +77,7 @@ class Bus:
         publish_timeout: float = 5.0,
         ping_interval: float = 5.0,
         replicas: int = 1,
+        tls: ssl.SSLContext | None = None,
     ) -> Bus:
         """Connect to NATS at `url` (one URL, or the seed list of a cluster: comma-separated
         or a sequence; the servers a cluster advertises are added to the list).
@@ -83,7 +86,11 @@ class Bus:
         afterwards the client reconnects forever, `reconnect_time_wait` seconds apart, to any
         server it knows. A server that dies without closing its connections (its machine
         lost) is given up after 3 unanswered pings, `ping_interval` s apart. `replicas`: the
-        copies of each stream and bucket this bus creates (THORN_NATS_REPLICAS).
+        copies of each stream and bucket this bus creates (THORN_NATS_REPLICAS). `tls`: the
+        context to verify the servers with (THORN_NATS_CA); given, a server that does not
+        speak TLS is refused.
+
+        Credentials in a URL (user:password@) never reach a log line or an error message.
         """
         if isinstance(url, str):
             servers = [u.strip() for u in url.split(",") if u.strip()]
@@ -92,6 +99,7 @@ class Bus:
         if not servers:
             raise BusConnectError("no NATS server given (THORN_NATS_URL is empty)")
         holder: list[Bus] = []
+        last_error: list[str] = []  # the latest failure, for the error if none connects
         nc = NatsClient()
 
         async def on_disconnected() -> None:
@@ -106,12 +114,12 @@ class Bus:
             RECONNECTS.labels(name).inc()
             if holder:
                 holder[0]._connected.set()
-            url_now = nc.connected_url.netloc if nc.connected_url else None
-            log.info("nats_reconnected", connection=name, server=url_now)
+            log.info("nats_reconnected", connection=name, server=_server_of(nc))
 
         async def on_error(exc: Exception) -> None:
             ASYNC_ERRORS.labels(name).inc()
-            log.warning("nats_error", connection=name, error=f"{type(exc).__name__}: {exc}")
+            last_error[:] = [f"{type(exc).__name__}: {exc}"]
+            log.warning("nats_error", connection=name, error=last_error[0])
 
         async def on_closed() -> None:
             log.info("nats_closed", connection=name)
@@ -131,19 +139,30 @@ class Bus:
             "error_cb": on_error,
             "closed_cb": on_closed,
         }
+        if tls is not None:
+            options["tls"] = tls
         try:
             async with asyncio.timeout(connect_timeout):
                 await nc.connect(**options)
         except TimeoutError as exc:
             with contextlib.suppress(Exception):
                 await nc.close()
+            why = f" (last error: {last_error[0]})" if last_error else ""
             raise BusConnectError(
-                f"could not connect to NATS at {', '.join(servers)} within {connect_timeout:g} s"
+                f"could not connect to NATS at {', '.join(map(without_credentials, servers))} "
+                f"within {connect_timeout:g} s{why}"
             ) from exc
+        if tls is not None and not nc._server_info.get("tls_required"):
+            # nats-py goes plain with a server that does not ask for TLS: not with a CA set.
+            server = _server_of(nc)
+            await nc.close()
+            raise BusConnectError(
+                f"the NATS server at {server} does not use TLS, but a CA to verify it with was "
+                "given (THORN_NATS_CA): refused"
+            )
         bus = cls(nc, name, publish_timeout, replicas)
         holder.append(bus)
-        server = nc.connected_url.netloc if nc.connected_url else None
-        log.info("nats_connected", connection=name, server=server)
+        log.info("nats_connected", connection=name, server=_server_of(nc), tls=tls is not None)
         return bus
 
     # -------------------------------------------------------------------------------- state
@@ -391,3 +410,28 @@ class Bus:
             await self.ensure_streams(streams=(), kv=(spec,))
             kv = await self._js.key_value(spec.bucket)
         return DesiredStateStore(kv, spec.bucket)
+
+
+def without_credentials(url: str) -> str:
+    """`url` without its user, password or token (`nats://u:p@host:4222` -> `nats://host:4222`):
+    what a log line or an error may show."""
+    if "@" not in url:
+        return url
+    try:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        host = parts.hostname or "?"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return url.rpartition("@")[2]
+    host = f"[{host}]" if ":" in host else host
+    return f"{parts.scheme}://{host}{port}"
+
+
+def _server_of(nc: NatsClient) -> str | None:
+    """The connected server as host:port (nats-py's netloc carries the URL's credentials)."""
+    url = nc.connected_url
+    if url is None:
+        return None
+    host = url.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{url.port}" if url.port else host

@@ -135,7 +135,9 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         limits = httpx.Limits(keepalive_expiry=KEEPALIVE_S)
-        async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        # https:// upstreams are verified with THORN_TLS_CA (checked at start, in main).
+        verify = settings.upstream_tls
+        async with httpx.AsyncClient(timeout=timeout, limits=limits, verify=verify) as client:
             app.state.client = client
             for replica in _all(services):
                 UPSTREAM_UP.labels(replica.service, replica.url).set(1)

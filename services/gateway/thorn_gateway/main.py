@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 from thorn.config import Settings
-from thorn.service import serve, start_logging
+from thorn.service import refuse_tls, serve, start_logging
+from thorn.tls import TlsSettingError
 from thorn_gateway.app import create_app
 
 
@@ -16,6 +17,10 @@ def main() -> None:
         settings.upstream_urls  # noqa: B018 - a misconfiguration stops the start, named
     except ValueError as exc:
         sys.exit(f"thorn-gateway: {exc}")
+    try:
+        settings.upstream_tls  # noqa: B018 - THORN_TLS_CA, checked before anything listens
+    except TlsSettingError as exc:
+        refuse_tls(exc)
     serve(create_app(settings), settings)
 
 

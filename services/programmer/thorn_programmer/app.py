@@ -140,8 +140,9 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
             the_bus = bus
             if the_bus is None:
                 the_bus = await Bus.connect(
-                    settings.nats_url, name="thorn-programmer", replicas=settings.nats_replicas
-                )
+                    settings.nats_url, name="thorn-programmer", replicas=settings.nats_replicas,
+                    tls=settings.nats_tls,
+                )  # fmt: skip
                 stack.push_async_callback(the_bus.close)
                 await the_bus.ensure_streams()
             kv = await the_bus.desired_state()
