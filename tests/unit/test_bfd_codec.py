@@ -131,9 +131,27 @@ def _refusal(data: bytes) -> Refusal:
             Refusal.ZERO_YOUR_DISCRIMINATOR,
             id="your_zero_in_init",
         ),
-        pytest.param(_raw(flags=0x04), Refusal.AUTH_PRESENT, id="auth_bit_set"),
+        # §6.8.6: with the A bit the Length is at least 26 (the section's type and length).
+        pytest.param(_raw(flags=0x04), Refusal.BAD_LENGTH, id="auth_bit_without_section"),
         pytest.param(
-            _raw(flags=0x04, length=26) + b"\x01\x02", Refusal.AUTH_PRESENT, id="auth_section"
+            _raw(flags=0x04, length=25) + b"\x04", Refusal.BAD_LENGTH, id="auth_length_25"
+        ),
+        # The section must end where Length says the packet does.
+        pytest.param(
+            _raw(flags=0x04, length=26) + b"\x04\x1c",
+            Refusal.AUTH_MALFORMED,
+            id="auth_len_beyond_length",
+        ),
+        pytest.param(
+            _raw(flags=0x04, length=52) + b"\x04\x1a" + bytes(26),
+            Refusal.AUTH_MALFORMED,
+            id="auth_len_short_of_length",
+        ),
+        # §6.7.4: a Keyed SHA1 section is 28 bytes long, whatever Length says.
+        pytest.param(
+            _raw(flags=0x04, length=48) + b"\x05\x18" + bytes(22),
+            Refusal.AUTH_MALFORMED,
+            id="sha1_auth_len_24",
         ),
     ],
 )

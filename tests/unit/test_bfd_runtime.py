@@ -16,6 +16,9 @@ import pytest
 from prometheus_client import REGISTRY
 
 from thorn_programmer.bfd import (
+    AuthKey,
+    AuthType,
+    BfdAuth,
     BfdEvent,
     BfdManager,
     ControlPacket,
@@ -24,6 +27,7 @@ from thorn_programmer.bfd import (
     SessionConfig,
     State,
 )
+from thorn_programmer.bfd.auth import sign
 
 A, B, STRANGER = "127.0.0.1", "127.0.0.2", "127.0.0.3"
 WAIT_S = 5.0
@@ -268,6 +272,14 @@ GOOD = ControlPacket(
 )
 
 
+# A well-formed Keyed SHA1 packet, for a session that does not authenticate.
+SIGNED = sign(
+    replace(GOOD, auth=True, length=52).encode(),
+    BfdAuth(AuthType.KEYED_SHA1, (AuthKey(1, b"secret"),), 1),
+    sequence=1,
+)
+
+
 def inject(data: bytes, source: str, port: int = 3784, ttl: int = 255) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.IPPROTO_IP, socket.IP_TTL, ttl)
@@ -298,7 +310,8 @@ BAD_INPUT = {
     "zero_my_discriminator": (replace(GOOD, my_discriminator=0).encode(), B, 3784, 255),
     "zero_your_discriminator": (replace(GOOD, state=State.UP).encode(), B, 3784, 255),
     "multipoint": (replace(GOOD, multipoint=True).encode(), B, 3784, 255),
-    "auth_present": (replace(GOOD, auth=True).encode(), B, 3784, 255),
+    "auth_present": (SIGNED, B, 3784, 255),
+    "auth_malformed": (SIGNED[:25] + b"\x1d" + SIGNED[26:], B, 3784, 255),  # Auth Len 29
     "ttl_single_hop_254": (GOOD.encode(), B, 3784, 254),
     "ttl_multihop_253": (GOOD.encode(), B, 4784, 253),
     "unknown_session": (replace(GOOD, your_discriminator=999).encode(), B, 3784, 255),

@@ -5,8 +5,10 @@ the UDP 3784/4784 sockets of RFC 5881/5883) feeds packets and the clock in and c
 returned actions. `BfdProcess` runs a manager in a child process (same API, own GIL).
 """
 
+from thorn_programmer.bfd.auth import AUTH_DROP_REASONS, AuthKey, AuthType, BfdAuth
 from thorn_programmer.bfd.codec import (
     CONTROL_PACKET_LENGTH,
+    AuthSection,
     ControlPacket,
     DecodeError,
     Diag,
@@ -34,10 +36,15 @@ from thorn_programmer.bfd.session import (
 )
 
 __all__ = [
+    "AUTH_DROP_REASONS",
     "CONTROL_PACKET_LENGTH",
     "DROP_REASONS",
     "SLOW_TX_US",
     "Action",
+    "AuthKey",
+    "AuthSection",
+    "AuthType",
+    "BfdAuth",
     "BfdEvent",
     "BfdManager",
     "BfdProcess",

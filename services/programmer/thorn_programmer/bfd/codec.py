@@ -1,8 +1,10 @@
-"""BFD control packet codec, RFC 5880 §4.1 (mandatory section only).
+"""BFD control packet codec, RFC 5880 §4.1, with the authentication section's framing (§4.2-4.4).
 
 Decoding applies the reception checks of §6.8.6 that depend on the packet alone and says why a
-packet is refused. The authentication section (§4.2-§4.4) is not supported: a packet with the
-A bit is refused. Demultiplexing by Your Discriminator is the manager's job.
+packet is refused. A packet with the A bit carries its section's fields (`AuthSection`);
+whether the session authenticates, and the hash, are checked once the packet is demultiplexed
+to its session (`Session.authenticate`, auth.py). Demultiplexing by Your Discriminator is the
+manager's job.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from enum import Enum, IntEnum
 
 VERSION = 1
 CONTROL_PACKET_LENGTH = 24
+AUTH_MIN_LENGTH = 26  # §6.8.6: the least Length with the A bit (type and length bytes)
+SHA1_AUTH_TYPES = (4, 5)  # Keyed SHA1, Meticulous Keyed SHA1 (§4.1)
+SHA1_AUTH_LEN = 28  # §4.4
 
 # Vers/Diag, Sta/flags, Detect Mult, Length, then five 32-bit fields (§4.1).
 _HEADER = struct.Struct("!BBBBIIIII")
@@ -60,7 +65,8 @@ class Refusal(Enum):
     MULTIPOINT = "multipoint"
     ZERO_MY_DISCRIMINATOR = "zero_my_discriminator"
     ZERO_YOUR_DISCRIMINATOR = "zero_your_discriminator"
-    AUTH_PRESENT = "auth_present"
+    # The section does not fit the packet, or a SHA1 section is not 28 bytes (§6.7.4).
+    AUTH_MALFORMED = "auth_malformed"
 
 
 class DecodeError(ValueError):
@@ -71,7 +77,14 @@ class DecodeError(ValueError):
         self.reason = reason
 
 
-_U32 = (1 << 32) - 1
+@dataclass(frozen=True, slots=True)
+class AuthSection:
+    """The authentication section's fields (§4.2-4.4): the type, the Key ID (byte 3 of
+    every type), and the sequence number of the keyed types (0 for the others)."""
+
+    auth_type: int
+    key_id: int
+    sequence: int = 0
 
 
 def _check_range(name: str, value: int, bits: int) -> None:
@@ -99,6 +112,7 @@ class ControlPacket:
     multipoint: bool = False
     version: int = VERSION
     length: int = CONTROL_PACKET_LENGTH
+    auth_section: AuthSection | None = None  # decoded packets with the A bit; not encoded
 
     def __post_init__(self) -> None:
         # Refuse values the wire cannot carry rather than silently truncating them. One
@@ -129,6 +143,8 @@ class ControlPacket:
             _check_range(name, getattr(self, name), 32)
 
     def encode(self) -> bytes:
+        """The mandatory section (24 bytes); an authenticated session appends its section
+        to it (`auth.sign`), with `auth` and `length` set to say so."""
         flags = (
             (_POLL if self.poll else 0)
             | (_FINAL if self.final else 0)
@@ -159,8 +175,7 @@ def decode(data: bytes) -> ControlPacket:
     if version != VERSION:
         raise DecodeError(Refusal.BAD_VERSION, f"version {version}")
     auth = bool(sta_flags & _AUTH)
-    # With the A bit the minimum is 26 (§6.8.6); auth is refused below in any case.
-    if length < CONTROL_PACKET_LENGTH or length > len(data):
+    if length < (AUTH_MIN_LENGTH if auth else CONTROL_PACKET_LENGTH) or length > len(data):
         raise DecodeError(Refusal.BAD_LENGTH, f"length {length}, datagram {len(data)}")
     if mult == 0:
         raise DecodeError(Refusal.ZERO_DETECT_MULT, "detect mult 0")
@@ -171,8 +186,7 @@ def decode(data: bytes) -> ControlPacket:
     state = State(sta_flags >> 6)
     if your_d == 0 and state not in (State.DOWN, State.ADMIN_DOWN):
         raise DecodeError(Refusal.ZERO_YOUR_DISCRIMINATOR, f"your discriminator 0 in {state.name}")
-    if auth:
-        raise DecodeError(Refusal.AUTH_PRESENT, "authentication is not supported")
+    section = _auth_section(data, length) if auth else None
     return ControlPacket(
         state=state,
         detect_mult=mult,
@@ -186,6 +200,21 @@ def decode(data: bytes) -> ControlPacket:
         final=bool(sta_flags & _FINAL),
         control_plane_independent=bool(sta_flags & _CPI),
         demand=bool(sta_flags & _DEMAND),
+        auth=auth,
         version=version,
         length=length,
+        auth_section=section,
     )
+
+
+def _auth_section(data: bytes, length: int) -> AuthSection:
+    """The section after the mandatory one; it must end where Length says the packet does."""
+    auth_type, auth_len = data[24], data[25]
+    if CONTROL_PACKET_LENGTH + auth_len != length:
+        raise DecodeError(Refusal.AUTH_MALFORMED, f"auth len {auth_len}, length {length}")
+    if auth_type in SHA1_AUTH_TYPES:
+        if auth_len != SHA1_AUTH_LEN:
+            raise DecodeError(Refusal.AUTH_MALFORMED, f"auth len {auth_len} for type {auth_type}")
+        (sequence,) = struct.unpack_from("!I", data, 28)
+        return AuthSection(auth_type, data[26], sequence)
+    return AuthSection(auth_type, data[26] if auth_len > 2 else 0)

@@ -10,6 +10,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 
+from thorn_programmer.bfd.auth import AUTH_DROP_REASONS
 from thorn_programmer.bfd.codec import Diag, Refusal, State
 
 # Why a received datagram was dropped (counted per reason).
@@ -23,6 +24,7 @@ DROP_REASONS = (
     DROP_UNKNOWN_SESSION,
     DROP_SPOOFED,
     DROP_WRONG_INTERFACE,
+    *AUTH_DROP_REASONS,
 )
 
 
@@ -81,6 +83,7 @@ class SessionStatus:
     detect_mult: int
     tx_interval_us: int
     detection_time_us: int
+    auth: str | None = None  # the session's authentication (type and key ids), None: none
 
 
 @dataclass(frozen=True, slots=True)

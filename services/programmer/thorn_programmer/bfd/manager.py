@@ -55,6 +55,7 @@ import structlog
 from thorn.netns import entered
 from thorn.watchdog import StallWatchdog
 from thorn_programmer.bfd import transport
+from thorn_programmer.bfd.auth import BfdAuth
 from thorn_programmer.bfd.codec import ControlPacket, DecodeError, Diag, State, decode
 from thorn_programmer.bfd.effects import Effects
 from thorn_programmer.bfd.events import (
@@ -73,7 +74,6 @@ log = structlog.get_logger("thorn.bfd")
 
 T = TypeVar("T")
 
-# Drop reasons beyond the codec's refusals (RFC 5880 §6.8.6, RFC 5881/5883 §5).
 _RECEIVE_BURST = 64  # datagrams per listener per wakeup: timers are never starved by a flood
 _DRAIN_BURST = 4096  # after a stall: what a socket's buffer holds, still bounded
 # A timer run this late counts as late (Counters.late_timers): at 10 ms x 3 a stall of the
@@ -235,6 +235,12 @@ class BfdManager:
         list disarms it. KeyError if no such session."""
         armed = tuple(messages)
         self._call(lambda: setattr(self._by_disc[local_discriminator], "armed", armed))
+
+    def set_auth(self, local_discriminator: int, auth: BfdAuth | None) -> None:
+        """Change a running session's authentication (§6.7.4) without restarting it: new
+        keys keep its sequence numbers (a key rotation), so the peer that has the same keys
+        never sees a gap. KeyError if no such session."""
+        self._call(lambda: self._by_disc[local_discriminator].session.set_auth(auth))
 
     def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None:
         """Stop a session. With `admin_down` (§6.8.16) an Up or Init session first tells the
@@ -409,6 +415,7 @@ class BfdManager:
             detect_mult=s.config.detect_mult,
             tx_interval_us=s.tx_interval_us,
             detection_time_us=s.detection_time_us,
+            auth=s.config.auth.describe() if s.config.auth is not None else None,
         )
 
     # ---------------------------------------------------------------------------------------
@@ -584,6 +591,9 @@ class BfdManager:
             return DROP_TTL
         if entry.ifindex and not where.multihop and datagram.ifindex != entry.ifindex:
             return DROP_WRONG_INTERFACE
+        refused = entry.session.authenticate(packet, datagram.data, now)
+        if refused is not None:
+            return refused
         self._apply(entry, entry.session.receive(packet, now))
         self._schedule(entry)
         return None
@@ -608,6 +618,8 @@ class BfdManager:
             if packet is not last:
                 data = packet.encode()
                 entry.encoded = (packet, data)
+            if packet.auth:  # signed anew each time: every packet takes a sequence number
+                data = entry.session.seal(data)
             entry.sender.sendto(data, (entry.peer, transport.port_for(entry.multihop)))
         except OSError:
             # No route, link down, full buffer: the session's timers decide what that means.

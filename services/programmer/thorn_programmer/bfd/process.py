@@ -32,6 +32,7 @@ import structlog
 
 from thorn.telemetry import configure_logging
 from thorn.watchdog import GcPauses, StallWatchdog, settle_heap
+from thorn_programmer.bfd.auth import BfdAuth
 from thorn_programmer.bfd.events import BfdEvent, Counters, SessionStatus
 from thorn_programmer.bfd.manager import BfdManager
 from thorn_programmer.bfd.metrics import COLLECTOR
@@ -173,6 +174,9 @@ class BfdProcess:
 
     def remove(self, local_discriminator: int, *, admin_down: bool = True) -> None:
         self._request("remove", local_discriminator, admin_down=admin_down)
+
+    def set_auth(self, local_discriminator: int, auth: BfdAuth | None) -> None:
+        self._request("set_auth", local_discriminator, auth)
 
     def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None:
         """As `BfdManager.arm`: the child sends them itself, at SCHED_FIFO."""

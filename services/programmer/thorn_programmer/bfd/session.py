@@ -3,14 +3,21 @@
 A pure object: time is an argument (seconds, any monotonic origin) and the handlers return what
 to do (send a packet, report a state change). Intervals are in microseconds, as on the wire.
 Multihop (RFC 5883) changes nothing here; it is carried for the manager's TTL check.
+
+Authentication (§6.7.4, optional per session) keeps its sequence numbers here: `seal` signs
+each packet sent with the next bfd.XmitAuthSeq, `authenticate` checks a received one against
+the keys and bfd.RcvAuthSeq before `receive` may act on it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass
 
-from thorn_programmer.bfd.codec import ControlPacket, Diag, State
+from thorn_programmer.bfd import auth as bfd_auth
+from thorn_programmer.bfd.auth import BfdAuth
+from thorn_programmer.bfd.codec import CONTROL_PACKET_LENGTH, ControlPacket, Diag, State
 
 # §6.8.3: DesiredMinTxInterval is at least one second while the session is not Up.
 SLOW_TX_US = 1_000_000
@@ -30,6 +37,8 @@ class SessionConfig:
     multihop: bool = False
     # Multihop: the lowest TTL accepted (FRR's `minimum-ttl`); None: 254, one router away.
     min_ttl: int | None = None
+    # Keyed SHA1 authentication (§6.7.4); None: the session neither sends nor accepts it.
+    auth: BfdAuth | None = None
 
     def __post_init__(self) -> None:
         if not 0 < self.local_discriminator <= 0xFFFFFFFF:
@@ -96,6 +105,12 @@ class Session:
         self._packet: ControlPacket | None = None
         # Send the first packet at once: the peer learns our discriminator sooner.
         self._next_tx = now
+        # §6.8.1 bfd.XmitAuthSeq (random at first use), bfd.RcvAuthSeq, bfd.AuthSeqKnown,
+        # and when an authenticated packet was last accepted (to forget RcvAuthSeq).
+        self._xmit_auth_seq: int | None = None
+        self._rcv_auth_seq = 0
+        self._auth_seq_known = False
+        self._auth_heard: float | None = None
 
     # What a manager needs: demux keys, state, negotiated timers.
 
@@ -168,7 +183,8 @@ class Session:
         # Final or periodic packet would shrink the peer's detection time while we still
         # transmit at the old interval (§6.8.3 timing mismatch).
         tx_us = self._desired_tx_us if polling else self._active_tx_us
-        key = (self._state, self._diag, self._remote_discriminator, tx_us, polling, final)
+        auth = self.config.auth is not None
+        key = (self._state, self._diag, self._remote_discriminator, tx_us, polling, final, auth)
         if key == self._packet_key and self._packet is not None:
             return self._packet
         self._packet_key = key
@@ -183,8 +199,67 @@ class Session:
             # §4.1: P and F are never both set; a Final answer carries F only.
             poll=polling,
             final=final,
+            auth=auth,
+            length=bfd_auth.SHA1_PACKET_LENGTH if auth else CONTROL_PACKET_LENGTH,
         )
         return self._packet
+
+    def seal(self, encoded: bytes) -> bytes:
+        """The datagram to send for an encoded packet of this session: as it is, or with the
+        authentication section signed with the next sequence number (§6.7.4). Both types
+        take a new number for every packet: required of Meticulous, allowed of Keyed SHA1,
+        and a replayed packet then never passes as the latest."""
+        auth = self.config.auth
+        if auth is None:
+            return encoded
+        sequence = self._xmit_auth_seq
+        if sequence is None:
+            sequence = self._rng.getrandbits(32)
+        self._xmit_auth_seq = (sequence + 1) & 0xFFFFFFFF
+        return bfd_auth.sign(encoded, auth, sequence)
+
+    def authenticate(self, packet: ControlPacket, data: bytes, now: float) -> str | None:
+        """§6.8.6 (the A bit against the configuration) and §6.7.4 for a packet demultiplexed
+        to this session, before `receive`: None if it may be processed, else why it is
+        discarded (`auth.AUTH_DROP_REASONS`). `data` is the datagram as received."""
+        auth = self.config.auth
+        section = packet.auth_section
+        if auth is None:
+            return bfd_auth.AUTH_PRESENT if packet.auth else None
+        if section is None:
+            return bfd_auth.AUTH_MISSING
+        if section.auth_type != auth.type:
+            return bfd_auth.AUTH_TYPE
+        key = auth.key(section.key_id)
+        if key is None:
+            return bfd_auth.AUTH_KEY_ID
+        if (
+            self._auth_seq_known
+            and self._auth_heard is not None
+            and now - self._auth_heard >= 2 * self.detection_time_us / _US
+        ):
+            # §6.8.1: forgotten after twice the Detection Time without a packet, so a peer
+            # that restarted with a new random sequence number is heard again.
+            self._auth_seq_known = False
+        if self._auth_seq_known and not bfd_auth.sequence_acceptable(
+            section.sequence, self._rcv_auth_seq, packet.detect_mult, auth.meticulous
+        ):
+            return bfd_auth.AUTH_SEQUENCE
+        if not bfd_auth.digest_matches(data, packet.length, key):
+            return bfd_auth.AUTH_DIGEST
+        # Only an authentic packet moves the window (RFC 5880 errata 7083).
+        self._auth_seq_known = True
+        self._rcv_auth_seq = section.sequence
+        self._auth_heard = now
+        return None
+
+    def set_auth(self, auth: BfdAuth | None) -> None:
+        """New keys (a rotation) keep the sequence numbers; a new type, or authentication
+        switched on or off, starts the received ones afresh."""
+        old = self.config.auth
+        self.config = dataclasses.replace(self.config, auth=auth)
+        if old is None or auth is None or old.type != auth.type:
+            self._auth_seq_known = False
 
     def receive(self, packet: ControlPacket, now: float) -> list[Action]:
         """§6.8.6 for a packet that passed the codec checks and was demuxed to this session."""

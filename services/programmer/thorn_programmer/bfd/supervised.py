@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import structlog
 from prometheus_client import Counter
 
+from thorn_programmer.bfd.auth import BfdAuth
 from thorn_programmer.bfd.events import BfdEvent, Counters, SessionStatus
 from thorn_programmer.bfd.process import START_TIMEOUT_S, BfdProcess
 from thorn_programmer.bfd.session import SessionConfig
@@ -65,6 +66,9 @@ class SupervisedBfd:
 
     def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None:
         self.process.arm(local_discriminator, messages)
+
+    def set_auth(self, local_discriminator: int, auth: BfdAuth | None) -> None:
+        self.process.set_auth(local_discriminator, auth)
 
     def sessions(self) -> list[SessionStatus]:
         return self.process.sessions()
