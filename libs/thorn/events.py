@@ -14,6 +14,9 @@ which is why the per-node wildcards use '>'):
     agent.applied.<node>        DatapathApplied     (core NATS only: a datapath reconciled)
     agent.flip.<node>           FlipCommand         (core NATS: pathcomp's urgent flips)
     agent.register.<node>       AgentRegistration   (core NATS request; topology replies)
+    agent.creds.<node>          CredentialsChanged  (core NATS: topology to an agent, renew now)
+    agent.renew.<node>          CredentialsRenewal  (core NATS request; topology replies)
+    pathcomp.recompute          (core NATS request: a follower asks the leader to plan)
 
 Wire format: the model's JSON (`encode`), decoded by subject through `EVENT_TYPES` (`decode`).
 """
@@ -50,6 +53,11 @@ AGENT_FLIP_PREFIX = "agent.flip"
 AGENT_FLIP_ALL = "agent.flip.>"
 AGENT_REGISTER_PREFIX = "agent.register"
 AGENT_REGISTER_ALL = "agent.register.>"
+AGENT_CREDS_PREFIX = "agent.creds"
+AGENT_CREDS_ALL = "agent.creds.>"
+AGENT_RENEW_PREFIX = "agent.renew"
+AGENT_RENEW_ALL = "agent.renew.>"
+PATHCOMP_RECOMPUTE = "pathcomp.recompute"
 
 # What a node name may look like inside a subject: the domain model's Name (letters, digits,
 # '.', '_', '-'), so never a wildcard, whitespace or an empty token.
@@ -95,6 +103,16 @@ def agent_flip_subject(node: str) -> str:
 def agent_register_subject(node: str) -> str:
     """`agent.register.<node>`: a node's agent registers what it observes with topology."""
     return f"{AGENT_REGISTER_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def agent_creds_subject(node: str) -> str:
+    """`agent.creds.<node>`: topology tells a node's agent its credentials changed."""
+    return f"{AGENT_CREDS_PREFIX}.{_subject_name(node, 'node name')}"
+
+
+def agent_renew_subject(node: str) -> str:
+    """`agent.renew.<node>`: a node's agent asks topology for renewed credentials."""
+    return f"{AGENT_RENEW_PREFIX}.{_subject_name(node, 'node name')}"
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -541,6 +559,51 @@ class RegistrationReply(BaseModel):
     mismatches: int = Field(0, ge=0)
 
 
+class CredentialsChanged(Event):
+    """Topology to node `node`'s agent: what its NATS credentials must allow has changed (its
+    VNIs are now `vnis`); the agent asks for renewed credentials at once (`CredentialsRenewal`)."""
+
+    subject_pattern: ClassVar[str] = AGENT_CREDS_ALL
+
+    node: str
+    vnis: list[int] = Field(default_factory=list, max_length=100_000)
+    reason: str = Field(max_length=256)
+    at: UtcDatetime
+
+    @property
+    def subject(self) -> str:
+        return agent_creds_subject(self.node)
+
+
+class CredentialsRenewal(Event):
+    """Node `node`'s agent asks topology for a new user JWT for the key of `jwt` (its current
+    one, issued by THORN): sent as a request on `agent.renew.<node>`, which only that node's
+    credentials may publish on. Topology answers with a `CredentialsReply`."""
+
+    subject_pattern: ClassVar[str] = AGENT_RENEW_ALL
+
+    node: str
+    jwt: str = Field(min_length=1, max_length=65_536)
+    sent_at: UtcDatetime
+
+    @property
+    def subject(self) -> str:
+        return agent_renew_subject(self.node)
+
+
+class CredentialsReply(BaseModel):
+    """Topology's answer to a renewal: the new user JWT (its key is the asker's: the seed never
+    travels) and when it expires, or why it was refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ok: bool
+    jwt: str | None = None
+    expires_at: UtcDatetime | None = None
+    vnis: list[int] = Field(default_factory=list)
+    error: str | None = None
+
+
 # Subject pattern -> event model. A consumer decodes any message by its subject through this.
 EVENT_TYPES: Mapping[str, type[Event]] = {
     TOPOLOGY_CHANGED: TopologyChanged,
@@ -551,6 +614,8 @@ EVENT_TYPES: Mapping[str, type[Event]] = {
     AGENT_FLIP_ALL: FlipCommand,
     AGENT_REPORT_ALL: AgentReport,
     AGENT_REGISTER_ALL: AgentRegistration,
+    AGENT_CREDS_ALL: CredentialsChanged,
+    AGENT_RENEW_ALL: CredentialsRenewal,
 }
 
 
@@ -608,10 +673,14 @@ def decode(subject: str, data: bytes) -> Event:
 __all__ = [
     "AGENT_APPLIED_ALL",
     "AGENT_APPLIED_PREFIX",
+    "AGENT_CREDS_ALL",
+    "AGENT_CREDS_PREFIX",
     "AGENT_FLIP_ALL",
     "AGENT_FLIP_PREFIX",
     "AGENT_REGISTER_ALL",
     "AGENT_REGISTER_PREFIX",
+    "AGENT_RENEW_ALL",
+    "AGENT_RENEW_PREFIX",
     "AGENT_REPORT_ALL",
     "AGENT_REPORT_PREFIX",
     "DESIRED_STATE_KV",
@@ -620,6 +689,7 @@ __all__ = [
     "FAILOVER_PREFIX",
     "HEALTH_LINK_ALL",
     "HEALTH_LINK_PREFIX",
+    "PATHCOMP_RECOMPUTE",
     "PATHS_CHANGED",
     "STREAMS",
     "STREAM_FAILOVER",
@@ -634,6 +704,9 @@ __all__ = [
     "CarrierReport",
     "Change",
     "CountersReport",
+    "CredentialsChanged",
+    "CredentialsRenewal",
+    "CredentialsReply",
     "DatapathApplied",
     "Event",
     "EventDecodeError",
@@ -652,8 +725,10 @@ __all__ = [
     "UnknownSubjectError",
     "UtcDatetime",
     "agent_applied_subject",
+    "agent_creds_subject",
     "agent_flip_subject",
     "agent_register_subject",
+    "agent_renew_subject",
     "agent_report_subject",
     "decode",
     "encode",

@@ -21,6 +21,8 @@ from thorn.events import (
     CarrierReport,
     Change,
     CountersReport,
+    CredentialsChanged,
+    CredentialsRenewal,
     DatapathApplied,
     Event,
     EventDecodeError,
@@ -133,6 +135,8 @@ def sample_events() -> list[Event]:
                 neighbours=[HeardNeighbour(port="eth1", chassis="leaf1", port_id="swp1")],
             ),
         ),
+        CredentialsChanged(node="host-a", vnis=[100], reason="vni 100 joined", at=AT),
+        CredentialsRenewal(node="host-a", jwt="eyJ.a.b", sent_at=AT),
         DatapathApplied(
             node="host-a",
             driver="emulation",
@@ -221,6 +225,8 @@ def test_every_event_subject_is_stored_by_its_stream() -> None:
         FlipCommand: None,  # urgent: core NATS, straight to the agent
         AgentReport: None,  # a request that health answers: core NATS
         AgentRegistration: None,  # a request topology answers, stored in SQL by topology
+        CredentialsChanged: None,  # topology to one agent: renew now
+        CredentialsRenewal: None,  # a request topology answers with a new JWT
     }
     for event in sample_events():
         assert stream_for_subject(event.subject) is expected[type(event)]
@@ -271,6 +277,8 @@ def test_the_registry_maps_each_subject_to_its_model() -> None:
         AgentReport,
         FlipCommand,
         AgentRegistration,
+        CredentialsChanged,
+        CredentialsRenewal,
     }
 
 

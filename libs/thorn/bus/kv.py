@@ -1,17 +1,27 @@
 """The desired-state KV: one key per node, written by pathcomp with compare-and-set
-(revision fencing) and watched by each node's agent."""
+(revision fencing) and watched by each node's agent.
+
+A watch's consumer is created with a name, so its create request names its filter in the
+subject (`$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>`): an agent's NATS permissions
+allow that subject for its own keys only (`thorn.natsauth.permissions`), and the server
+refuses a request whose body filters on anything else. nats-py's ordered consumer, which a
+watch is, creates its consumer again after a gap or a lost heartbeat; it is given a new
+name each time (the old one may still exist until its inactivity threshold passes).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import secrets
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal, Self, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import nats
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.js import JetStreamContext, api
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from pydantic import BaseModel
 
@@ -69,12 +79,48 @@ def _operation(op: str | None) -> Literal["put", "delete", "purge"]:
     return "put"
 
 
+def consumer_name() -> str:
+    """A fresh name for a watch's consumer (letters and digits: valid in a subject token)."""
+    return f"w{secrets.token_hex(8)}"
+
+
+class _NamedConsumers:
+    """A JetStream context whose push subscriptions create named consumers, and name them
+    anew when nats-py's ordered consumer creates them again (stands in for the context in
+    nats-py's KeyValue, which offers no way to pass a consumer config to a watch)."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._js, name)
+
+    async def subscribe(self, subject: str, **options: Any) -> Any:
+        config = options.pop("config", None) or api.ConsumerConfig()
+        config.name = consumer_name()
+        sub: Any = await self._js.subscribe(subject, config=config, **options)
+        jsi = sub._sub._jsi  # nats-py's ordered-consumer state (pinned version: pyproject)
+        recreate = jsi.recreate_consumer
+
+        async def recreate_renamed() -> None:
+            jsi._ccreq.name = consumer_name()
+            await recreate()
+
+        jsi.recreate_consumer = recreate_renamed
+        return sub
+
+
 class DesiredStateStore:
     """Per-node desired datapath state: one key per node, a few revisions of history."""
 
     def __init__(self, kv: KeyValue, bucket: str) -> None:
         self._kv = kv
         self.bucket = bucket
+        # The same bucket, for watches: their consumers are named (see the module's doc).
+        self._watch_kv = KeyValue(
+            name=kv._name, stream=kv._stream, pre=kv._pre,
+            js=_NamedConsumers(kv._js), direct=kv._direct,  # type: ignore[arg-type]
+        )  # fmt: skip
 
     @property
     def kv(self) -> KeyValue:
@@ -140,7 +186,7 @@ class DesiredStateStore:
                     if isinstance(item, CaughtUp): ...   # snapshot complete (maybe empty)
                     else: apply(item)                     # a DesiredStateEntry
         """
-        return DesiredStateWatch(self._kv, node)
+        return DesiredStateWatch(self._watch_kv, node)
 
 
 class DesiredStateWatch:

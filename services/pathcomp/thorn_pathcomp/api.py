@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from thorn.auth import Admin, Viewer
+from thorn.events import PATHCOMP_RECOMPUTE
 from thorn.fabric import NotFound
 from thorn.model import AdminState
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery
@@ -251,7 +252,7 @@ async def plan(_: Viewer, service: Service) -> PlanOut:
 
 # A recompute asked of a follower is the leader's to do (only the leader writes desired
 # state): the follower hands it over on this core-NATS subject and answers with the leader's.
-RECOMPUTE_SUBJECT = "pathcomp.recompute"
+RECOMPUTE_SUBJECT = PATHCOMP_RECOMPUTE
 RECOMPUTE_WAIT_S = 110.0  # a full plan of a big fabric; within the entry point's 120 s
 
 
