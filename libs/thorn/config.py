@@ -167,6 +167,11 @@ class Settings(BaseSettings):
         description="programmer: peer hosts a host runs multihop BFD toward (2 sessions each); "
         "all: every peer in its VNIs (a full mesh)",
     )  # fmt: skip
+    bfd_auth_file: Path | None = Field(
+        None,
+        description="programmer: BFD authentication rules and keys (TOML, docs/bfd.md "
+        "'Authentication'); re-read when it changes; unset: no session authenticates",
+    )
     failover_revertive: bool = Field(
         True,
         description="programmer: after a flip, move back to the preferred colour once it is "

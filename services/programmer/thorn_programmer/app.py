@@ -26,6 +26,7 @@ from thorn.watchdog import LoopWatchdog
 from thorn_programmer.agent import AgentStatus, DriverFactory, NodeAgent
 from thorn_programmer.bfd import EventQueue
 from thorn_programmer.bfd.events import SessionStatus
+from thorn_programmer.bfd.policy import AuthFile, AuthPolicyError, readable_by_others
 from thorn_programmer.bfd.supervised import SupervisedBfd
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
@@ -123,6 +124,7 @@ async def supervised(
 
 def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     served = nodes_to_serve(settings)
+    bfd_auth = open_bfd_auth(settings)
     # Per node, for the life of the process: a switch's BFD withdraws outlive its agent.
     up_hold = settings.link_up_hold_ms / 1000
     repairs = {node: LocalRepair(node, up_hold) for node, _ in served}
@@ -187,7 +189,7 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
             app.state.bfd = None
             if settings.bfd_sessions != "off":
                 app.state.bfd = await _start_bfd(
-                    settings, stack, agents, reporters, served, repairs
+                    settings, stack, agents, reporters, served, repairs, bfd_auth
                 )
             log.info("programmer_ready", nodes=len(agents), datapath=settings.datapath,
                      bfd=settings.bfd_sessions)  # fmt: skip
@@ -240,6 +242,46 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     return app
 
 
+BFD_AUTH_CHECK_SECONDS = 5.0
+
+
+def open_bfd_auth(settings: Settings) -> AuthFile | None:
+    """THORN_BFD_AUTH_FILE read at start: a file that cannot be used stops the agent with
+    the reason (its rule and field, never a secret)."""
+    path = settings.bfd_auth_file
+    if path is None:
+        return None
+    try:
+        auth = AuthFile(path)
+    except AuthPolicyError as exc:
+        raise ConfigurationError(f"programmer: THORN_BFD_AUTH_FILE={path}: {exc}") from None
+    if readable_by_others(path):
+        log.warning("bfd_auth_file_readable_by_others", path=str(path),
+                    hint="its keys should be readable by the agent only: chmod 600")  # fmt: skip
+    log.info("bfd_auth_rules", path=str(path), rules=auth.policy.describe())
+    return auth
+
+
+async def _follow_bfd_auth(auth: AuthFile, nodes: list[BfdSessions]) -> None:
+    """Until cancelled: a changed file's rules and keys go to the running sessions (a key
+    rotation without a restart, docs/bfd.md); an invalid one is logged and ignored."""
+    while True:
+        await asyncio.sleep(BFD_AUTH_CHECK_SECONDS)
+        try:
+            policy = await asyncio.to_thread(auth.changed)
+        except AuthPolicyError as exc:
+            log.error("bfd_auth_file_invalid", path=str(auth.path), error=str(exc),
+                      kept="the rules read before")  # fmt: skip
+            continue
+        if policy is None:
+            continue
+        changed = 0
+        for sessions in nodes:
+            changed += await sessions.set_auth_policy(policy)
+        log.info("bfd_auth_reloaded", path=str(auth.path), sessions_changed=changed,
+                 rules=policy.describe())  # fmt: skip
+
+
 def _session_out(status: SessionStatus) -> dict[str, Any]:
     out = asdict(status)
     for key in ("state", "remote_state", "diag"):
@@ -254,6 +296,7 @@ async def _start_bfd(
     reporters: list[Reporter],
     served: list[tuple[str, str | None]],
     repairs: dict[str, LocalRepair],
+    auth: AuthFile | None = None,
 ) -> SupervisedBfd:
     """One BFD process for every node of this process (started again if it dies); each
     agent's sessions follow what it applied, report to health and may flip a peer or, on a
@@ -276,6 +319,7 @@ async def _start_bfd(
             withdraw=repairs[agent.node].withdraw, restore=repairs[agent.node].restore,
             restore_after_hold=repairs[agent.node].restore_after_hold,
             path=agent.on_path, withdrawn=repairs[agent.node].withdrawn_by_runtime,
+            auth_policy=auth.policy if auth is not None else None,
         )  # fmt: skip
         agent.on_applied.append(sessions.update)
 
@@ -301,11 +345,14 @@ async def _start_bfd(
 
     task = asyncio.create_task(dispatch(), name="bfd-events")
     watchdog = asyncio.create_task(manager.watch(), name="bfd-watchdog")
+    tasks = [task, watchdog]
+    if auth is not None:
+        tasks.append(asyncio.create_task(_follow_bfd_auth(auth, nodes), name="bfd-auth-file"))
 
     async def stop() -> None:
-        task.cancel()
-        watchdog.cancel()
-        await asyncio.gather(task, watchdog, return_exceptions=True)
+        for each in tasks:
+            each.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     stack.push_async_callback(stop)
     return manager

@@ -37,7 +37,8 @@ from prometheus_client import Counter
 
 from thorn.events import BfdReport
 from thorn.model import Colour
-from thorn_programmer.bfd import BfdEvent, Diag, SessionConfig, SessionStatus, State
+from thorn_programmer.bfd import BfdAuth, BfdEvent, Diag, SessionConfig, SessionStatus, State
+from thorn_programmer.bfd.policy import AuthPolicy
 from thorn_programmer.intent import HostIntent, Intent
 
 log = structlog.get_logger("thorn.programmer.bfd")
@@ -142,6 +143,8 @@ class SessionRunner(Protocol):
 
     def arm(self, local_discriminator: int, messages: Iterable[bytes]) -> None: ...
 
+    def set_auth(self, local_discriminator: int, auth: BfdAuth | None) -> None: ...
+
     def sessions(self) -> list[SessionStatus]: ...
 
 
@@ -214,6 +217,7 @@ class BfdSessions:
         restore_after_hold: PortRepair = _nothing,
         path: PathChange = _no_path,
         withdrawn: RuntimeRepair = _no_record,
+        auth_policy: AuthPolicy | None = None,
     ) -> None:
         self.node = node
         self.netns = netns
@@ -231,6 +235,10 @@ class BfdSessions:
         self.restore_after_hold = restore_after_hold
         self.path = path
         self.withdrawn = withdrawn
+        # Which sessions authenticate, with which keys (THORN_BFD_AUTH_FILE), and what each
+        # running session was given, by discriminator.
+        self.auth_policy = auth_policy
+        self._auth: dict[int, BfdAuth | None] = {}
         # Per port, the route deletes its link session fires itself on going Down (`arm`),
         # and what each session was last armed with.
         self._armed: dict[str, tuple[bytes, ...]] = {}
@@ -262,6 +270,7 @@ class BfdSessions:
             self.states.clear()
             self._by_disc.clear()
             self._pushed.clear()
+            self._auth.clear()
             await self._update(intent, also=kept)
 
     async def _update(
@@ -309,17 +318,19 @@ class BfdSessions:
                 await asyncio.to_thread(self.manager.remove, disc)
             self._by_disc.pop(disc, None)
             self.states.pop(disc, None)
+            self._auth.pop(disc, None)
             if not key.multihop and key.ifname is not None:
                 # Nothing watches that neighbour any more: no reason to keep its port's
                 # primaries withdrawn (a no-op if they were not).
                 self.restore(key.ifname, f"bfd session to {key.peer} removed")
         for key in sorted(wanted - set(self.sessions), key=repr):
             disc = self.discriminators.take()
+            auth = self._auth_for(key)
             config = SessionConfig(
                 local_discriminator=disc, peer=key.peer, local_address=key.local,
                 desired_min_tx_us=self.interval_us, required_min_rx_us=self.interval_us,
                 detect_mult=self.multiplier, multihop=key.multihop,
-                min_ttl=PEER_MIN_TTL if key.multihop else None,
+                min_ttl=PEER_MIN_TTL if key.multihop else None, auth=auth,
             )  # fmt: skip
             # Known before it starts: its first events may arrive before `add` returns.
             self._by_disc[disc], self.states[disc] = key, State.DOWN
@@ -334,6 +345,33 @@ class BfdSessions:
                             port=key.ifname, error=str(exc))  # fmt: skip
                 continue
             self.sessions[key] = disc
+            self._auth[disc] = auth
+
+    def _auth_for(self, key: WantedSession) -> BfdAuth | None:
+        if self.auth_policy is None:
+            return None
+        return self.auth_policy.for_session(self.node, key.peer, key.ifname, key.multihop)
+
+    async def set_auth_policy(self, policy: AuthPolicy | None) -> int:
+        """New rules or keys (the file changed): running sessions take them in place, so a
+        key rotation restarts nothing. Returns how many sessions changed."""
+        async with self._lock:
+            self.auth_policy = policy
+            changed = 0
+            for key, disc in list(self.sessions.items()):
+                auth = self._auth_for(key)
+                if self._auth.get(disc) == auth:
+                    continue
+                try:
+                    await asyncio.to_thread(self.manager.set_auth, disc, auth)
+                except KeyError:  # removed meanwhile
+                    continue
+                except RuntimeError as exc:  # the BFD child is gone: its restart re-adds
+                    log.warning("bfd_unavailable", node=self.node, error=str(exc))
+                    continue
+                self._auth[disc] = auth
+                changed += 1
+            return changed
 
     def _kept_links(self, wanted: frozenset[WantedSession]) -> frozenset[WantedSession]:
         """Single-hop sessions outlive the routes that started them: a link watched only
