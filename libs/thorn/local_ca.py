@@ -248,3 +248,24 @@ def _new_server(
     )
     _write(paths.key, _key_pem(key), private=True)
     _write(paths.cert, cert.public_bytes(serialization.Encoding.PEM), private=False)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m thorn.local_ca DIR [NAME ...]`: a CA and a server certificate for the names
+    (default: loopback), for a deployment's secrets (docs/operations.md, "TLS")."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m thorn.local_ca",
+        description="Make (or keep) a local CA and a server certificate signed by it.",
+    )
+    parser.add_argument("directory", type=Path, help="where ca.pem, server.pem and the keys go")
+    parser.add_argument("names", nargs="*", default=list(LOOPBACK_NAMES),
+                        help="host names and IP addresses the certificate names")  # fmt: skip
+    args = parser.parse_args(argv)
+    made = ensure(args.directory, args.names)
+    print(f"{'issued' if made.issued else 'kept'}: {made.cert} (key {made.key}), CA {made.ca}")
+
+
+if __name__ == "__main__":
+    main()

@@ -473,6 +473,7 @@ class NatsCluster(_Started):
         self._own_base = False
         self.servers: list[EmbeddedNats] = []
         self._monitor_ports: list[int] = []
+        self._route_ports: list[int] = []
 
     # ----------------------------------------------------------------------------- properties
 
@@ -498,6 +499,10 @@ class NatsCluster(_Started):
     def monitor_url(self, index: int) -> str:
         return f"http://{self.host}:{self._monitor_ports[index]}"
 
+    def route_port(self, index: int) -> int:
+        """The port server `index` takes its routes on."""
+        return self._route_ports[index]
+
     # ------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> Self:
@@ -519,7 +524,7 @@ class NatsCluster(_Started):
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
-        self.servers, self._monitor_ports = [], []
+        self.servers, self._monitor_ports, self._route_ports = [], [], []
         if self._own_base and self._base is not None:
             shutil.rmtree(self._base, ignore_errors=True)
             self._base, self._own_base = None, False
@@ -587,7 +592,7 @@ class NatsCluster(_Started):
             self._base = Path(tempfile.mkdtemp(prefix="thorn-nats-cluster-"))
             self._own_base = True
         client_ports = [free_port(self.host) for _ in range(self.size)]
-        route_ports = [free_port(self.host) for _ in range(self.size)]
+        route_ports = self._route_ports = [free_port(self.host) for _ in range(self.size)]
         self._monitor_ports = [free_port(self.host) for _ in range(self.size)]
         routes = ",".join(f"nats://{self.host}:{port}" for port in route_ports)
         for index in range(self.size):

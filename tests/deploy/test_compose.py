@@ -873,3 +873,112 @@ def test_podman_builds_take_their_wheels_and_dashboard_where_the_scripts_put_the
         if name in THORN_SERVICES or name == "gateway":
             # what `make dashboard` builds; deploy/Dockerfile builds it with node:20 instead
             assert contexts["dashboard"] == "services/gateway/dashboard/dist", name
+
+
+# ------------------------------------------------ TLS: deploy/compose.tls.yml
+
+TLS_OVERRIDE = ROOT / "deploy" / "compose.tls.yml"
+NATS_CLIENTS = (*CONTROLLER_SERVICES, "pathcomp-2", "programmer")
+SECRETS_DIR = "/run/secrets/"
+
+
+@pytest.fixture(scope="module")
+def tls_override() -> dict[str, Any]:
+    return load_compose(TLS_OVERRIDE)
+
+
+@pytest.fixture(scope="module")
+def with_tls(compose: dict[str, Any], tls_override: dict[str, Any]) -> dict[str, Any]:
+    """docker-compose.yml with the TLS override merged, as the cluster profile sees it."""
+    env = {**{name: f"<{name}>" for name in REQUIRED_VARIABLES}, **env_file(CLUSTER_ENV_FILE)}
+    document: dict[str, Any] = interpolate(merged(compose, tls_override), env)
+    return document
+
+
+def mounted_secrets(service: Mapping[str, Any]) -> dict[str, str]:
+    """The secrets a service mounts: their paths in the container -> the secret's name."""
+    found = {}
+    for entry in service.get("secrets", []):
+        name = entry if isinstance(entry, str) else entry["source"]
+        target = name if isinstance(entry, str) else entry.get("target", name)
+        found[target if target.startswith("/") else SECRETS_DIR + target] = name
+    return found
+
+
+def test_the_tls_override_conforms_alone_and_merged(
+    validator: Draft7Validator, compose: dict[str, Any], tls_override: dict[str, Any]
+) -> None:
+    assert schema_errors(validator, tls_override) == []
+    assert schema_errors(validator, merged(compose, tls_override)) == []
+    assert set(tls_override["services"]) <= set(compose["services"]), "it adds no service"
+
+
+def test_the_tls_secrets_are_the_files_local_ca_writes_and_stay_out_of_git(
+    with_tls: dict[str, Any],
+) -> None:
+    from thorn.local_ca import LocalCA
+
+    written = LocalCA(Path("./deploy/tls"), issued=False)
+    files = {name: secret["file"] for name, secret in with_tls["secrets"].items()}
+    assert files == {"thorn-tls-ca": f"./{written.ca}", "thorn-tls-cert": f"./{written.cert}",
+                     "thorn-tls-key": f"./{written.key}"}  # fmt: skip
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/tls/server-key.pem"],
+                             cwd=ROOT, check=False)  # fmt: skip
+    assert ignored.returncode == 0, "deploy/tls/ (keys) must be in .gitignore"
+
+
+@pytest.mark.parametrize("service", NATS_CLIENTS)
+def test_every_nats_client_verifies_the_servers_with_the_ca_secret(
+    with_tls: dict[str, Any], service: str
+) -> None:
+    container = with_tls["services"][service]
+    ca = environment_of(container)["THORN_NATS_CA"]
+    assert mounted_secrets(container)[ca] == "thorn-tls-ca"
+    assert Settings(nats_ca=ca).nats_ca == Path(ca)
+    assert "THORN_TLS_KEY" not in environment_of(container), "only the entry point has a key"
+
+
+def test_the_entry_point_serves_https_with_the_certificate_secrets_and_checks_it(
+    with_tls: dict[str, Any],
+) -> None:
+    gateway = with_tls["services"]["gateway"]
+    environment, mounted = environment_of(gateway), mounted_secrets(gateway)
+    assert mounted[environment["THORN_TLS_CERT"]] == "thorn-tls-cert"
+    assert mounted[environment["THORN_TLS_KEY"]] == "thorn-tls-key"
+    check = " ".join(gateway["healthcheck"]["test"])
+    assert "https://127.0.0.1:8080/healthz" in check
+    ca_path = next(path for path, name in mounted.items() if name == "thorn-tls-ca")
+    assert f"cafile='{ca_path}'" in check
+    # the rest of the entry point is the plain file's: same upstreams, same port
+    assert environment["THORN_UPSTREAMS"].startswith("topology=http://topology:8080")
+
+
+@pytest.mark.parametrize("server", ["nats", "nats-2", "nats-3"])
+def test_every_nats_server_loads_a_tls_configuration_nats_server_accepts(
+    with_tls: dict[str, Any], server: str, tmp_path: Path
+) -> None:
+    """Its command reads the configuration first and keeps the cluster flags; the
+    configuration's files are the secrets it mounts; the real nats-server, given files from
+    thorn.local_ca in their place, says the configuration is valid."""
+    from thorn import local_ca
+    from thorn.natsd import find_nats_server
+
+    service = with_tls["services"][server]
+    arguments = nats_server_arguments(service, tmp_path)
+    config_path = option(arguments, "-c")
+    assert option(arguments, "--cluster") == "nats://0.0.0.0:6222"
+    (config,) = [c for c in service["configs"] if c["target"] == config_path]
+    text = with_tls["configs"][config["source"]]["content"]
+    paths = set(re.findall(r'"(/run/secrets/[^"]+)"', text))
+    mounted = mounted_secrets(service)
+    assert paths == set(mounted), "every file it names is a secret it mounts"
+    assert re.search(r"cluster \{\s*tls \{[^}]*verify: true", text), "routes are verified"
+    made = local_ca.ensure(tmp_path / "tls", ["nats", "nats-2", "nats-3"])
+    files = {"thorn-tls-ca": made.ca, "thorn-tls-cert": made.cert, "thorn-tls-key": made.key}
+    for path, name in mounted.items():
+        text = text.replace(f'"{path}"', f'"{files[name]}"')
+    local = tmp_path / "tls.conf"
+    local.write_text(text)
+    checked = subprocess.run([str(find_nats_server()), "-c", str(local), "-t"],
+                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
+import os
 import re
 import shutil
 import subprocess
@@ -46,6 +47,8 @@ KUBERNETES = ROOT / "deploy" / "kubernetes"
 BASE = KUBERNETES / "base"
 CNPG = KUBERNETES / "postgres-cnpg"
 NATS_VALUES = KUBERNETES / "nats-values.yaml"
+NATS_TLS_VALUES = KUBERNETES / "nats-tls-values.yaml"
+TLS_COMPONENT = KUBERNETES / "tls"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 PYPROJECT = ROOT / "pyproject.toml"
 OPERATIONS = ROOT / "docs" / "operations.md"
@@ -62,7 +65,7 @@ CONSOLE_SCRIPTS = {name: f"thorn-{name}" for name in (*DEPLOYMENTS, AGENT)}
 # the form each holds: what the env checks hand to Settings in their place.
 SECRET_SAMPLES = {
     ("thorn-database", "url"): "postgresql+psycopg://thorn:pw@db.example.com:5432/thorn",
-    ("thorn-admin", "token"): "thn_example-admin-token",
+    ("thorn-admin", "token"): "thn_" + "example-admin-token".ljust(43, "0"),
     ("thorn-db-app", "uri"): "postgresql://thorn:pw@thorn-db-rw.thorn:5432/thorn",
 }
 NODE_NAME_SAMPLE = "gpu-node-01"
@@ -85,6 +88,11 @@ NATS_CHART_KEYS = {
     "container.image.registry",
     "reloader.enabled", "promExporter.enabled", "natsBox.enabled",
     "podDisruptionBudget.enabled", "service.enabled",
+    # TLS (nats-tls-values.yaml): the servers' certificate Secret for clients and routes, and
+    # the CA they verify routes with
+    "config.nats.tls.enabled", "config.nats.tls.secretName",
+    "config.cluster.tls.enabled", "config.cluster.tls.secretName",
+    "tlsCA.enabled", "tlsCA.secretName",
 }  # fmt: skip
 NATS_FREE_FORM = ("container.merge", "container.patch", "podTemplate.merge",
                   "podTemplate.patch", "podTemplate.topologySpreadConstraints")  # fmt: skip
@@ -921,3 +929,107 @@ def test_the_guide_creates_the_secrets_the_manifests_read_and_uses_these_files(
     for path in (BASE, CNPG, NATS_VALUES):
         assert str(path.relative_to(ROOT)) in guide, path
     assert "thorn.fabric/agent=true" in guide
+
+
+# ------------------------------------------------------------------------------ TLS
+
+GATEWAY_TLS_SECRET = "thorn-gateway-tls"
+NATS_TLS_SECRET = "thorn-nats-tls"
+NATS_CLIENTS = (*CONTROLLERS, AGENT)
+
+
+def render_with_tls(base_directory: Path, tmp_path: Path) -> list[Object]:
+    """An overlay as the guide writes it: `base_directory` with the TLS component."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    relative = Path(os.path.relpath(KUBERNETES, overlay))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(relative / base_directory.name)],
+        "components": [str(relative / TLS_COMPONENT.name)],
+    }))  # fmt: skip
+    return render(overlay)
+
+
+@pytest.fixture(scope="module")
+def with_tls(tmp_path_factory: pytest.TempPathFactory) -> list[Object]:
+    return render_with_tls(BASE, tmp_path_factory.mktemp("tls"))
+
+
+def file_from_secret(workload: Object, path: str) -> tuple[str, str, Object]:
+    """The Secret and key that the file at `path` in the workload's container comes from, and
+    the mount it comes through."""
+    container, spec = the_container(workload), pod_spec(workload)
+    (mount,) = [m for m in container.get("volumeMounts", [])
+                if path.startswith(m["mountPath"].rstrip("/") + "/")]  # fmt: skip
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    relative = path[len(mount["mountPath"].rstrip("/")) + 1 :]
+    items = {item["path"]: item["key"] for item in secret.get("items", [])}
+    if items:
+        assert relative in items, f"{path}: not among the mounted keys {sorted(items)}"
+    return secret["secretName"], items.get(relative, relative), mount
+
+
+@pytest.mark.parametrize("directory", [BASE, CNPG], ids=["base", "postgres-cnpg"])
+def test_the_tls_component_renders_valid_kubernetes_1_30_strict_on_each_base(
+    directory: Path, tmp_path: Path
+) -> None:
+    objects = render_with_tls(directory, tmp_path)
+    errors = [e for o in objects if not is_cnpg(o) for e in schema_errors(o)]
+    assert errors == []
+    plain = render(directory)
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in plain), "it adds no object"  # fmt: skip
+
+
+def test_with_tls_the_entry_point_serves_the_certificate_secret_and_probes_https(
+    with_tls: list[Object],
+) -> None:
+    gateway = workload_named(with_tls, "gateway")
+    values, _ = env_values(the_container(gateway), with_tls)
+    cert = file_from_secret(gateway, values["THORN_TLS_CERT"])
+    key = file_from_secret(gateway, values["THORN_TLS_KEY"])
+    assert (cert[:2], key[:2]) == ((GATEWAY_TLS_SECRET, "tls.crt"), (GATEWAY_TLS_SECRET, "tls.key"))
+    assert key[2]["readOnly"] is True
+    spec = pod_spec(gateway)
+    (volume,) = [v for v in spec["volumes"] if v["name"] == key[2]["name"]]
+    assert volume["secret"]["defaultMode"] & 0o007 == 0, "the key is not world-readable"
+    # readable through the group: the pod's fsGroup is the image user's group
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    container = the_container(gateway)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    assert probe_problems(gateway, with_tls) == []
+
+
+@pytest.mark.parametrize("name", NATS_CLIENTS)
+def test_with_tls_every_nats_client_verifies_the_servers_with_the_ca_alone(
+    with_tls: list[Object], name: str
+) -> None:
+    workload = workload_named(with_tls, name)
+    values, _ = env_values(the_container(workload), with_tls)
+    secret, key, mount = file_from_secret(workload, values["THORN_NATS_CA"])
+    assert (secret, key) == (NATS_TLS_SECRET, "ca.crt")
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+    assert [item["key"] for item in volume["secret"]["items"]] == ["ca.crt"], "never tls.key"
+    assert "THORN_TLS_KEY" not in values
+
+
+@pytest.mark.parametrize("name", [*DEPLOYMENTS, AGENT])
+def test_with_tls_every_variable_is_still_an_accepted_setting(
+    with_tls: list[Object], name: str
+) -> None:
+    assert env_problems(workload_named(with_tls, name), with_tls) == []
+
+
+def test_the_nats_tls_values_use_documented_keys_and_the_secret_the_component_reads(
+    nats_values: Object,
+) -> None:
+    values: Object = yaml.safe_load(NATS_TLS_VALUES.read_text(encoding="utf-8"))
+    assert set(key_paths(values, NATS_FREE_FORM)) - NATS_CHART_KEYS == set()
+    assert values["config"]["nats"]["tls"] == {"enabled": True, "secretName": NATS_TLS_SECRET}
+    assert values["config"]["cluster"]["tls"] == {"enabled": True, "secretName": NATS_TLS_SECRET}
+    assert values["tlsCA"] == {"enabled": True, "secretName": NATS_TLS_SECRET}
+    assert nats_values["config"]["cluster"]["enabled"] is True, "routes exist to protect"
