@@ -545,6 +545,14 @@ def _workloads_field() -> Any:
 class LeafSpineParams(_Params):
     """Two-tier leaf-spine: every leaf to every spine, hosts on leaves."""
 
+    # A dual-homed fabric pairs its leaves (checked by _check_leaf_spine, with its reason).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"dual_homed": {"const": True}}, "required": ["dual_homed"]},
+            "then": {"properties": {"leaves": {"multipleOf": 2}}},
+        }
+    )
+
     spines: int = Field(default=2, ge=1, le=MAX_SPINES, description="number of spine switches")
     leaves: int = Field(default=4, ge=1, le=MAX_LEAVES, description="number of leaf switches")
     hosts_per_leaf: int = Field(
@@ -573,6 +581,7 @@ class FatTreeParams(_Params):
         ge=2,
         le=MAX_FAT_TREE_K,
         description="switch radix; even. k=16: 1,024 hosts, 320 switches",
+        json_schema_extra={"multipleOf": 2},  # checked by _check_fat_tree, with its reason
     )
     workloads: bool = _workloads_field()
 

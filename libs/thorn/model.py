@@ -18,11 +18,15 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     SerializeAsAny,
     StringConstraints,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 FABRIC_FORMAT: Literal["thorn.fabric/v1"] = "thorn.fabric/v1"
 
@@ -45,8 +49,23 @@ IfName = Annotated[
     StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,14}$"),
     Field(description="Linux interface name, at most 15 characters"),
 ]
-LabelKey = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")]
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, StringConstraints(max_length=253)]
+# pydantic documents dict keys as patternProperties, which lets any other key through; the
+# validator refuses them, and propertyNames says so.
+Labels = Annotated[
+    dict[LabelKey, LabelValue],
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": LABEL_KEY_PATTERN},
+            "additionalProperties": {"type": "string", "maxLength": 253},
+            "description": "key: 1-63 characters (letters, digits, '.', '_', '/', '-'; starts "
+            "alphanumeric); value: at most 253 characters",
+        }
+    ),
+]
 SrlgName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,62}$")]
 VniNumber = Annotated[int, Field(ge=1, le=16_777_215, description="VXLAN network identifier")]
 SpeedMbps = Annotated[int, Field(ge=1, le=1_600_000, description="port speed in Mb/s")]
@@ -69,12 +88,53 @@ def _mac(value: object) -> object:
     return ":".join(digits[i : i + 2] for i in range(0, 12, 2))
 
 
+# What _mac accepts, for the OpenAPI document (tests/unit/test_model_schemas.py holds the two
+# together): six octets with ':', '-' or nothing between them, either case, surrounding
+# whitespace stripped; unicast (the first octet's lowest bit clear) and not all-zero.
+_HEX = "[0-9A-Fa-f]"
+MAC_PATTERN = (
+    r"^(?![\s0:-]*$)\s*"
+    rf"{_HEX}[02468ACEace](?:(?::{_HEX}{{2}}){{5}}|(?:-{_HEX}{{2}}){{5}}|{_HEX}{{10}})\s*$"
+)
 MacAddress = Annotated[
-    str, BeforeValidator(_mac), Field(description="unicast MAC, normalised to aa:bb:cc:dd:ee:ff")
+    str,
+    BeforeValidator(_mac),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": MAC_PATTERN,
+            "description": "unicast MAC (not multicast, not all-zero): aa:bb:cc:dd:ee:ff, "
+            "aa-bb-cc-dd-ee-ff or aabbccddeeff in either case; normalised to aa:bb:cc:dd:ee:ff",
+        }
+    ),
 ]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+
+
+def _address_text(value: object) -> object:
+    """An address comes as text. ipaddress would also read a number (16909060 is 1.2.3.4),
+    which no JSON client means; a zone index (fe80::1%eth0) names an interface of one host,
+    not a fabric address."""
+    if isinstance(value, str):
+        if "%" in value:
+            raise ValueError(f"'{value}' has a zone index ('%'): give the address alone")
+        return value
+    if isinstance(value, IPAddress | IPInterface):
+        return value  # built in Python (generators, tests)
+    raise ValueError(f"an address is text such as 10.0.0.1, not {type(value).__name__}")
+
+
+def _interface_text(value: object) -> object:
+    """An interface address is an address with an optional prefix length (10.0.0.0/31); the
+    netmask forms ipaddress also reads (/255.255.255.0) are refused, as is a padded length."""
+    value = _address_text(value)
+    if isinstance(value, str) and "/" in value:
+        length = value.rpartition("/")[2]
+        if not re.fullmatch(r"0|[1-9][0-9]{0,2}", length):
+            raise ValueError(f"'{value}': give the prefix as a length in bits, e.g. /31")
+    return value
 
 
 def _usable_address(value: IPAddress) -> IPAddress:
@@ -92,11 +152,49 @@ def _usable_interface(value: IPInterface) -> IPInterface:
     return value
 
 
-UsableAddress = Annotated[IPAddress, AfterValidator(_usable_address)]
+# What _usable_address refuses, as the OpenAPI document says it (tests/unit/
+# test_model_schemas.py holds the two together): loopback, multicast and unspecified
+# addresses, an IPv6 one however it is written.
+_UNUSABLE = {
+    "anyOf": [
+        {"pattern": r"^(127|22[4-9]|23[0-9])\."},  # 127.0.0.0/8, 224.0.0.0/4
+        {"pattern": r"^0\.0\.0\.0(/|$)"},
+        {"pattern": r"^[fF]{2}[0-9A-Fa-f]{2}:"},  # ff00::/8
+        {"pattern": r"^[0:]*1?(/|$)"},  # :: and ::1
+    ]
+}
+_V4_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+IPV4_INTERFACE_PATTERN = rf"^{_V4_OCTET}(\.{_V4_OCTET}){{3}}(/(3[0-2]|[12][0-9]|[0-9]))?$"
+# The shape of an IPv6 one (its address: the ipv6interface format, as ipaddress reads it).
+IPV6_INTERFACE_PATTERN = r"^[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(/(12[0-8]|1[01][0-9]|[1-9]?[0-9]))?$"
+UsableAddress = Annotated[
+    IPAddress,
+    BeforeValidator(_address_text),
+    AfterValidator(_usable_address),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "string", "format": "ipv4"}, {"type": "string", "format": "ipv6"}],
+            "not": _UNUSABLE,
+            "description": "an IPv4 or IPv6 address; not loopback, multicast or unspecified",
+        }
+    ),
+]
 UsableInterface = Annotated[
     IPInterface,
+    BeforeValidator(_interface_text),
     AfterValidator(_usable_interface),
-    Field(description="address with prefix length, e.g. 10.0.0.0/31"),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string", "format": "ipv4interface", "pattern": IPV4_INTERFACE_PATTERN},
+                {"type": "string", "format": "ipv6interface", "pattern": IPV6_INTERFACE_PATTERN},
+            ],
+            "not": _UNUSABLE,
+            "description": "an address with an optional prefix length, e.g. 10.0.0.0/31 (none: "
+            "/32 or /128); not loopback, multicast or unspecified; below /31 (/127) not the "
+            "network or broadcast address of its prefix",
+        }
+    ),
 ]
 
 
@@ -183,7 +281,7 @@ class NodeBase(Strict):
     name: Name
     role: Role
     mgmt_address: UsableAddress | None = None
-    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     admin_state: AdminState = AdminState.up
     offload: OffloadPolicy = Field(
         OffloadPolicy.auto,
@@ -208,13 +306,26 @@ def _not_null(value: object) -> object:
     return value
 
 
+def _no_null_in_schema(schema: dict[str, Any]) -> None:
+    """The document of a field that may be left out but not set to null (_not_null): its
+    type without the null branch pydantic gives an optional field."""
+    branches = [b for b in schema.pop("anyOf") if b != {"type": "null"}]
+    (kept,) = branches
+    schema.update(kept)
+    schema.pop("default", None)  # null, which the field refuses
+
+
+def _not_null_field() -> Any:
+    return Field(None, json_schema_extra=_no_null_in_schema)
+
+
 class NodeUpdate(Strict):
     """PATCH body: only the fields given change; null clears mgmt_address and labels."""
 
     mgmt_address: UsableAddress | None = None
-    labels: dict[LabelKey, LabelValue] | None = None
-    admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = None
-    offload: Annotated[OffloadPolicy | None, BeforeValidator(_not_null)] = None
+    labels: Labels | None = None
+    admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = _not_null_field()
+    offload: Annotated[OffloadPolicy | None, BeforeValidator(_not_null)] = _not_null_field()
 
 
 # --- links -------------------------------------------------------------------------------
@@ -243,9 +354,24 @@ def _unique_sorted(values: list[str]) -> list[str]:
     return sorted(set(values))
 
 
+# What PortRef reads from text, for the OpenAPI document: a Name, ':', a PortName.
+PORT_REF_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}:[A-Za-z0-9][A-Za-z0-9._/-]{0,63}$"
+
+
+def _or_node_colon_port(schema: dict[str, Any]) -> None:
+    """A link end is a port reference or its text form, 'leaf1:swp1'."""
+    as_object = dict(schema)
+    schema.clear()
+    text = {"type": "string", "pattern": PORT_REF_PATTERN, "description": "node:port"}
+    schema["anyOf"] = [as_object, text]
+
+
+LinkEnd = Annotated[PortRef, Field(json_schema_extra=_or_node_colon_port)]
+
+
 class LinkSpec(Strict):
-    a: PortRef
-    b: PortRef
+    a: LinkEnd
+    b: LinkEnd
     srlgs: Annotated[list[SrlgName], AfterValidator(_unique_sorted)] = Field(
         default_factory=list, description="shared-risk link groups this link belongs to"
     )
@@ -273,7 +399,7 @@ class LinkUpdate(Strict):
     """PATCH body: only the fields given change; null clears srlgs."""
 
     srlgs: Annotated[list[SrlgName], AfterValidator(_unique_sorted)] | None = None
-    admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = None
+    admin_state: Annotated[AdminState | None, BeforeValidator(_not_null)] = _not_null_field()
 
 
 # --- tenants, VNIs, workloads, TEPs ------------------------------------------------------
@@ -317,7 +443,7 @@ class TenantUpdate(Strict):
     """PATCH body: only the fields given change; null returns an NCCL value to undeclared
     (NCCL's default)."""
 
-    description: Annotated[Description | None, BeforeValidator(_not_null)] = None
+    description: Annotated[Description | None, BeforeValidator(_not_null)] = _not_null_field()
     nccl_ib_timeout: IbTimeout | None = None
     nccl_ib_retry_cnt: IbRetryCnt | None = None
 
@@ -350,13 +476,35 @@ class Tep(Strict):
 # --- the whole fabric --------------------------------------------------------------------
 
 
+class DocumentLink(LinkSpec):
+    """A link as a fabric document has it: an export gives each link's id, an import
+    ignores it (FabricDocument drops it before the link is read), so an exported document
+    is valid input as it stands."""
+
+    id: int | None = Field(None, description="set on export; ignored on import",
+                           json_schema_extra=_no_null_in_schema)  # fmt: skip
+
+
+class DocumentedAs:
+    """Marks a field whose OpenAPI document is another model's: one the validator reads
+    after a before-validator has removed what the field's own model does not have."""
+
+    def __init__(self, model: type[BaseModel]) -> None:
+        self.model = model
+
+    def __get_pydantic_json_schema__(
+        self, _: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return handler(self.model.__pydantic_core_schema__)
+
+
 class FabricDocument(Strict):
     """The import/export format: a whole fabric in one document (JSON; thornctl also reads YAML)."""
 
     format: Literal["thorn.fabric/v1"] = FABRIC_FORMAT
     revision: int | None = Field(default=None, description="set on export; ignored on import", ge=0)
     nodes: list[NodeSpec] = Field(default_factory=list)
-    links: list[SerializeAsAny[LinkSpec]] = Field(
+    links: list[Annotated[SerializeAsAny[LinkSpec], DocumentedAs(DocumentLink)]] = Field(
         default_factory=list, description="on export each link also carries its `id`"
     )
     tenants: list[Tenant] = Field(default_factory=list)
@@ -367,13 +515,17 @@ class FabricDocument(Strict):
     @field_validator("links", mode="before")
     @classmethod
     def _drop_export_ids(cls, value: Any) -> Any:
-        # An exported document carries link ids; on import they are reassigned.
+        # An exported document carries link ids; on import they are reassigned. An id that
+        # is not an integer is left in place, to be refused as the document says.
         if isinstance(value, list):
-            return [
-                {k: v for k, v in item.items() if k != "id"} if isinstance(item, dict) else item
-                for item in value
-            ]
+            return [_without_id(item) for item in value]
         return value
+
+
+def _without_id(item: object) -> object:
+    if isinstance(item, dict) and type(item.get("id")) is int:
+        return {k: v for k, v in item.items() if k != "id"}
+    return item
 
 
 class FabricSummary(Strict):

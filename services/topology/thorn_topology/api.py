@@ -8,7 +8,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, WithJsonSchema
 
 from thorn import generators
 from thorn.auth import Admin, Operator, Viewer, hash_token, new_token
@@ -219,6 +219,10 @@ for _name, (_fn, _params) in generators.GENERATORS.items():
 # --- nodes and ports -------------------------------------------------------------------
 
 
+# key=value, as the document says it; the route refuses others with a message naming them.
+LabelFilter = Annotated[str, WithJsonSchema({"type": "string", "pattern": "="})]
+
+
 @router.get("/nodes", tags=["nodes"], response_model=Page[Node])
 async def list_nodes(
     _: Viewer,
@@ -226,7 +230,7 @@ async def list_nodes(
     page: PageQuery,
     role: Role | None = None,
     admin_state: AdminState | None = None,
-    label: Annotated[list[str], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
+    label: Annotated[list[LabelFilter], Query(description="key=value; repeat to AND")] = [],  # noqa: B006
     name_prefix: str | None = None,
 ) -> Page[Node]:
     wanted: list[tuple[str, str]] = []

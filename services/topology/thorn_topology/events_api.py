@@ -18,6 +18,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from pydantic import WithJsonSchema
 
 from thorn.auth import Viewer
 from thorn.bus import Bus
@@ -40,6 +41,8 @@ KINDS: dict[str, str] = {
     "failover": FAILOVER_ALL,
     "applied": AGENT_APPLIED_ALL,  # one per node after each reconcile: the node view's feed
 }
+# A kind as the document states it; the route refuses others with a message naming them.
+EventKind = Annotated[str, WithJsonSchema({"type": "string", "enum": list(KINDS)})]
 QUEUE_LIMIT = 4096  # a k=16 rollout's applied burst (~1,300 nodes) fits
 KEEPALIVE_S = 15.0
 
@@ -66,7 +69,7 @@ async def events(
     request: Request,
     bus: Annotated[Bus, Depends(get_bus)],
     kind: Annotated[
-        list[str] | None,
+        list[EventKind] | None,
         Query(description=f"only these kinds (repeatable): {', '.join(KINDS)}; default all"),
     ] = None,
 ) -> StreamingResponse:
