@@ -9,11 +9,22 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from thorn_lab.traffic import SENDER_RT_PRIORITY
-from thorn_programmer.bfd import BfdEvent, BfdManager, BfdProcess, Diag, SessionConfig, State
+from thorn_programmer.bfd import (
+    AuthKey,
+    AuthType,
+    BfdAuth,
+    BfdEvent,
+    BfdManager,
+    BfdProcess,
+    Diag,
+    SessionConfig,
+    State,
+)
 from thorn_programmer.bfd.process import RT_PRIORITY
 
 A, B = "127.0.0.1", "127.0.0.2"
@@ -85,6 +96,32 @@ def test_sessions_in_the_child_come_up_and_report_events(
     down = recorder.wait_for(State.DOWN)
     assert down.diag == Diag.CONTROL_DETECTION_TIME_EXPIRED
     assert 0.015 < down.monotonic - cut < 0.030 + 0.1
+
+
+def test_authenticated_sessions_run_in_the_child_and_take_new_keys_there(
+    pair: tuple[BfdProcess, Recorder, BfdManager],
+) -> None:
+    child, recorder, peer = pair
+    old = BfdAuth(AuthType.METICULOUS_KEYED_SHA1, (AuthKey(1, b"first"),), 1)
+    # 50 ms x 3: what is tested is the keys crossing the pipe, not the timers under load.
+    slow = {"auth": old, "desired_min_tx_us": 50_000, "required_min_rx_us": 50_000}
+    child.add(replace(fast(1, B, A), **slow))
+    peer.add(replace(fast(2, A, B), **slow))
+    recorder.wait_for(State.UP)
+    keys = (AuthKey(1, b"first"), AuthKey(2, b"second"))
+    for send in (1, 2):  # both accept both keys before either sends the new one
+        child.set_auth(1, BfdAuth(old.type, keys, send))  # across the pipe
+        peer.set_auth(2, BfdAuth(old.type, keys, send))
+    assert child.sessions()[0].auth == "meticulous-keyed-sha1, sends key 2, accepts 1, 2"
+    sent = child.counters().sent
+    deadline = time.monotonic() + 5
+    while child.counters().sent < sent + 10:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert child.counters().dropped == {} and peer.counters().dropped == {}
+    assert State.DOWN not in [e.new for e in recorder.events], recorder.events
+    with pytest.raises(KeyError):
+        child.set_auth(42, None)
 
 
 def test_errors_cross_the_pipe(pair: tuple[BfdProcess, Recorder, BfdManager]) -> None:
