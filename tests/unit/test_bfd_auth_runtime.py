@@ -118,6 +118,7 @@ class Pair:
     b: BfdManager
     b_events: Events
     relay: Relay
+    kind: AuthType
 
 
 def fast(disc: int, peer: str, local: str, auth: BfdAuth | None) -> SessionConfig:
@@ -143,7 +144,7 @@ def pair(request: pytest.FixtureRequest) -> Iterator[Pair]:
         a.add(fast(1, A_PEER, A, keyed(kind)))
         b.add(fast(2, B_PEER, B, keyed(kind)))
         wait_until(lambda: up(a) and up(b), "both sessions Up at the fast timers")
-        yield Pair(a, b, events, relay)
+        yield Pair(a, b, events, relay, kind)
     finally:
         a.close(admin_down=False)
         b.close(admin_down=False)
@@ -251,3 +252,16 @@ def test_different_secrets_never_come_up_and_every_packet_is_counted() -> None:
         a.close(admin_down=False)
         b.close(admin_down=False)
         relay.close()
+
+
+def test_a_peer_restarted_with_new_sequence_numbers_is_heard_again(pair: Pair) -> None:
+    """B's session dies without a word and is started again at once, from a new random
+    sequence number: A refuses it as out of its window (it could be a replay), goes Down by
+    detection, forgets the window after twice the detection time (§6.8.1), and both come Up
+    again."""
+    pair.b.remove(2, admin_down=False)
+    pair.b.add(fast(2, B_PEER, B, keyed(pair.kind)))
+    wait_until(lambda: pair.a.counters().dropped.get("auth_sequence", 0) >= 1,
+               "A refusing the restarted B")  # fmt: skip
+    wait_until(lambda: up(pair.a) and up(pair.b), "both Up again", timeout=10.0)
+    assert set(pair.a.counters().dropped) == {"auth_sequence"}

@@ -94,7 +94,8 @@ def _check_range(name: str, value: int, bits: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class ControlPacket:
-    """The mandatory section of a BFD control packet; intervals are in microseconds."""
+    """A BFD control packet's mandatory section (intervals in microseconds) and, decoded
+    with the A bit, its authentication section's fields."""
 
     state: State
     detect_mult: int
