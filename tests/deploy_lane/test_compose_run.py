@@ -116,7 +116,7 @@ def deployment(timings: Timings, tmp_path_factory: pytest.TempPathFactory) -> It
     ports = {name: free_port() for name in ("THORN_PORT", "THORN_NATS_PORT",
                                              "THORN_NATS_2_PORT", "THORN_NATS_3_PORT")}  # fmt: skip
     variables = {
-        "THORN_ADMIN_TOKEN": f"thn_{secrets.token_urlsafe(24)}",
+        "THORN_ADMIN_TOKEN": f"thn_{secrets.token_urlsafe(32)}",
         "THORN_NODE_NAME": NODE,
         **{name: str(port) for name, port in ports.items()},
     }
@@ -150,7 +150,9 @@ def fabric() -> Any:
 
 
 @pytest.fixture(scope="module")
-def imported(api: httpx.Client, fabric: Any, timings: Timings) -> httpx.Response:
+def imported(
+    api: httpx.Client, fabric: Any, timings: Timings, deployment: Deployment
+) -> httpx.Response:
     """The import, sent again (as a client should) while the answer is a 503 that says
     nothing was changed, at most IMPORT_ATTEMPTS times; a retry is noted in the report."""
     body = fabric.model_dump(mode="json")
@@ -159,7 +161,12 @@ def imported(api: httpx.Client, fabric: Any, timings: Timings) -> httpx.Response
             response = api.post("/api/v1/fabric/import", json=body, timeout=120)
             if response.status_code != 503 or attempt == IMPORT_ATTEMPTS:
                 return response
-            timings.notes[f"import attempt {attempt}"] = f"503: {response.text[:200]}"
+            # Why, from topology's side: the 503 says only that the store could not do it.
+            said = [line for line in deployment.logs("topology", 200).splitlines()
+                    if '"warning"' in line or '"error"' in line]  # fmt: skip
+            timings.notes[f"import attempt {attempt}"] = (
+                f"503: {response.text[:200]}; topology said: {said[-5:]}"
+            )
             time.sleep(float(response.headers.get("retry-after", "2")))
     raise AssertionError("unreachable")
 
