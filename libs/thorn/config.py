@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import ssl
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from thorn.auth import TOKEN_FORMAT, TOKEN_PATTERN
 from thorn.store import PoolSettings, sqlite_url
 from thorn.tls import ServerFiles, client_context, server_files
 
@@ -18,7 +20,10 @@ MiB = 1024 * KiB
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="THORN_", extra="ignore", frozen=True)
+    # Errors never echo a value: it may be a secret (THORN_ADMIN_TOKEN, a database URL).
+    model_config = SettingsConfigDict(
+        env_prefix="THORN_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     data_dir: Path = Field(Path(".thorn"), description="where the embedded SQLite file lives")
     database_url: str | None = Field(None, description="SQLAlchemy URL; default SQLite file")
@@ -59,7 +64,29 @@ class Settings(BaseSettings):
         "their clients; with THORN_NATS_KEY",
     )  # fmt: skip
     nats_key: Path | None = Field(None, description="NATS over TLS: THORN_NATS_CERT's key (PEM)")
-    admin_token: SecretStr | None = Field(None, description="bootstrap admin bearer token")
+    admin_token: SecretStr | None = Field(
+        None,
+        description="bootstrap admin bearer token: 'thn_' and 43 characters of A-Z, a-z, 0-9, "
+        "'_', '-' (python3 -c \"import secrets; print('thn_' + secrets.token_urlsafe(32))\")",
+    )
+    trusted_proxies: str = Field(
+        "127.0.0.1,::1",
+        description="services: addresses or networks (comma-separated) whose X-Forwarded-For "
+        "names the client (the entry point's); empty: none",
+    )
+    gateway_trusted_proxies: str = Field(
+        "",
+        description="entry point: addresses or networks of proxies in front of it (a load "
+        "balancer) whose X-Forwarded-For names the client; default none: the peer is the client",
+    )
+    auth_failure_limit: int = Field(
+        10, ge=1, le=1_000_000,
+        description="entry point: failed authentications a client address may make within "
+        "THORN_AUTH_FAILURE_WINDOW_S before it is answered 429",
+    )  # fmt: skip
+    auth_failure_window_s: float = Field(
+        60.0, gt=0, le=86_400, description="entry point: the window of THORN_AUTH_FAILURE_LIMIT"
+    )
     listen: str = Field("127.0.0.1:8080", description="host:port of the HTTP API")
     tls_cert: Path | None = Field(
         None,
@@ -219,6 +246,28 @@ class Settings(BaseSettings):
     def _empty_is_unset(cls, value: object) -> object:
         # Set but empty (a compose ${VAR:-}) is unset, not the current directory.
         return None if value == "" else value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _token_shaped(cls, value: SecretStr | None) -> SecretStr | None:
+        # Any other shape is refused unseen by the API (401), so it could never be used.
+        if value is not None and not TOKEN_PATTERN.fullmatch(value.get_secret_value()):
+            raise ValueError(f"THORN_ADMIN_TOKEN must be {TOKEN_FORMAT}")
+        return value
+
+    @field_validator("trusted_proxies", "gateway_trusted_proxies")
+    @classmethod
+    def _networks(cls, value: str) -> str:
+        """Addresses and networks (or *: any), normalised: 10.1.2.3/16 becomes 10.1.0.0/16."""
+        items = []
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            try:
+                items.append(item if item == "*" else
+                             str(ipaddress.ip_network(item, strict=False)) if "/" in item else
+                             str(ipaddress.ip_address(item)))  # fmt: skip
+            except ValueError:
+                raise ValueError(f"{item!r} is not an IP address or network") from None
+        return ",".join(items)
 
     @classmethod
     def unknown_environment(cls) -> list[str]:

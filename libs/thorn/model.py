@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
+    AwareDatetime,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -544,9 +545,58 @@ class FabricSummary(Strict):
 # --- tokens and audit ----------------------------------------------------------------------
 
 
-class TokenCreate(Strict):
+# A token's lifetime, when it has one: at least a minute, at most ten years.
+TOKEN_TTL_MIN_S = 60
+TOKEN_TTL_MAX_S = 3650 * 86_400
+# How long a rotated token's old secret keeps working beside the new one: up to a week.
+TOKEN_OVERLAP_DEFAULT_S = 3600
+TOKEN_OVERLAP_MAX_S = 7 * 86_400
+
+TtlSeconds = Annotated[
+    int,
+    Field(
+        ge=TOKEN_TTL_MIN_S,
+        le=TOKEN_TTL_MAX_S,
+        description="the token expires this many seconds after it is made (60 s to 10 years);"
+        " give this or expires_at, not both",
+    ),
+]
+ExpiresAt = Annotated[
+    AwareDatetime,
+    Field(
+        description="the token expires at this time (with a time zone; in the future, at most"
+        " 10 years ahead); give this or ttl_seconds, not both"
+    ),
+]
+
+
+class TokenExpiry(Strict):
+    """When a token's secret stops working: never (neither field), at a time, or after a TTL."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"not": {"required": ["expires_at", "ttl_seconds"]}}
+    )
+
+    expires_at: ExpiresAt | None = None
+    ttl_seconds: TtlSeconds | None = None
+
+
+class TokenCreate(TokenExpiry):
     name: Name
     role: TokenRole
+
+
+class TokenRotate(TokenExpiry):
+    """A new secret for a token; the old one keeps working for `overlap_seconds`. Without
+    expires_at or ttl_seconds the token keeps the expiry it has."""
+
+    overlap_seconds: int = Field(
+        TOKEN_OVERLAP_DEFAULT_S,
+        ge=0,
+        le=TOKEN_OVERLAP_MAX_S,
+        description="how long the old secret keeps working beside the new one (0: it stops at "
+        "once; at most a week)",
+    )
 
 
 class TokenPublic(Strict):
@@ -554,17 +604,34 @@ class TokenPublic(Strict):
     role: TokenRole
     created_at: str
     created_by: str
+    expires_at: str | None = Field(None, description="when it stops working; null: never")
+    expired: bool = False
+    last_used_at: str | None = Field(
+        None, description="its last authenticated request, to within a minute; null: never seen"
+    )
+    rotated_at: str | None = None
+    old_secret_until: str | None = Field(
+        None, description="after a rotation: until when the old secret still works"
+    )
 
 
 class TokenCreated(TokenPublic):
     token: str = Field(description="the secret; shown once, store it now")
 
 
+AuditOutcome = Literal["ok", "refused", "denied", "failed"]
+
+
 class AuditEntry(Strict):
     id: int
     at: str
-    actor: str
+    actor: str = Field(description="the token's name; 'anonymous' when none was recognised")
     action: str
     target: str
+    outcome: AuditOutcome = Field(
+        description="ok: done; refused: a 4xx for what was asked; denied: authentication or "
+        "role refused (401/403); failed: the server could not do it (5xx, 503)"
+    )
+    client: str | None = Field(description="the client's address, as the entry point saw it")
     revision: int | None
     detail: dict[str, Any]

@@ -45,11 +45,16 @@ async def open_store_and_bus(
     return store, bus
 
 
-def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
+def serve(
+    app: FastAPI, settings: Settings, *, loop: str = "auto", trusted_proxies: str | None = None
+) -> None:
     """Serve until SIGINT/SIGTERM; uvicorn drains requests and runs the lifespan's cleanup.
     `loop="asyncio"` for a service that opens netlink sockets: uvloop refuses them. HTTPS
-    with THORN_TLS_CERT and THORN_TLS_KEY, checked before anything listens."""
+    with THORN_TLS_CERT and THORN_TLS_KEY, checked before anything listens. The client's
+    address is taken from X-Forwarded-For only when it comes from `trusted_proxies`
+    (default THORN_TRUSTED_PROXIES: the entry point); "" trusts no one."""
     host, port = settings.host_port
+    trusted = settings.trusted_proxies if trusted_proxies is None else trusted_proxies
     try:
         https = settings.https
     except TlsSettingError as exc:
@@ -75,6 +80,7 @@ def serve(app: FastAPI, settings: Settings, *, loop: str = "auto") -> None:
     uvicorn.run(
         app, host=host, port=port, log_config=None, access_log=False, loop=loop,
         ssl_certfile=https.cert if https else None, ssl_keyfile=https.key if https else None,
+        proxy_headers=bool(trusted), forwarded_allow_ips=trusted or None,
     )  # fmt: skip
 
 

@@ -69,6 +69,13 @@ class ErrorBody(BaseModel):
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 403, 404, 409, 413, 422)
 }
+ERROR_RESPONSES[429] = {
+    "model": ErrorBody,
+    "description": "Too many failed authentications from this client's address (the entry "
+    "point's limit, THORN_AUTH_FAILURE_LIMIT within THORN_AUTH_FAILURE_WINDOW_S): nothing was "
+    "done; retry after Retry-After seconds.",
+    "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}},
+}
 ERROR_RESPONSES[503] = {
     "model": ErrorBody,
     "description": "The database cannot serve this now (errors[0].type says why); nothing "

@@ -173,6 +173,8 @@ class Client:
             return CliError(f"{detail}{hint}", ExitCode.NOPERM, status=status)
         if status == 403:
             return CliError(detail, ExitCode.NOPERM, status=status)
+        if status == 429:  # too many failed authentications from here: the detail says when
+            return CliError(detail, ExitCode.TEMPFAIL, status=status)
         return CliError(detail, ExitCode.REFUSED, status=status)
 
 

@@ -17,7 +17,7 @@ class ExitCode(IntEnum):
     NOINPUT = 66  # EX_NOINPUT: an input file does not exist or cannot be read
     UNAVAILABLE = 69  # EX_UNAVAILABLE: cannot connect, timed out, or the server failed (5xx)
     CANTCREAT = 73  # EX_CANTCREAT: an output file cannot be written
-    TEMPFAIL = 75  # EX_TEMPFAIL: a --wait ran out of time (the operation may still finish)
+    TEMPFAIL = 75  # EX_TEMPFAIL: a --wait ran out of time (it may still finish), or a 429
     PROTOCOL = 76  # EX_PROTOCOL: the answer is not THORN's JSON (wrong --url?)
     NOPERM = 77  # EX_NOPERM: 401 (missing, wrong or revoked token) or 403 (role too weak)
 

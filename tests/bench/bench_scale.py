@@ -48,6 +48,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))  # service_process
 
 import httpx
+from fixed_tokens import fixed_token
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from sections import markdown_table, print_results, write_section
@@ -77,7 +78,7 @@ from thorn.watchdog import LoopWatchdog
 console = Console(stderr=True)
 MARK_BEGIN = "<!-- bench:scale:begin -->"
 MARK_END = "<!-- bench:scale:end -->"
-ADMIN = "thn_bench-scale-admin"
+ADMIN = fixed_token("bench-scale-admin")
 SEED = 13
 AGENTS = 1000
 K = 16

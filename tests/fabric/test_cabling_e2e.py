@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from fabric_system import System, nats, nats_server, running_system
+from fixed_tokens import fixed_token
 from pydantic import SecretStr
 
 from thorn.generators import leaf_spine
@@ -28,7 +29,7 @@ from thorn_topology.app import create_app as topology_app
 
 __all__ = ["nats", "nats_server"]  # fixtures, used by name
 
-ADMIN = "thn_fabric-cabling-admin"
+ADMIN = fixed_token("fabric-cabling-admin")
 WAIT = 30.0
 
 

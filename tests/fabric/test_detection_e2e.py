@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 import pytest
 from fabric_system import BFD_MS, BFD_MULT, System, flow_on_red, nats, nats_server, system
+from fixed_tokens import fixed_token
 
 from thorn.auth import hash_token
 from thorn.events import FailoverEvent
@@ -41,7 +42,7 @@ from thorn_lab import faults
 from thorn_programmer.app import create_app as programmer_app
 
 __all__ = ["nats", "nats_server", "system"]  # the fixtures, used by name
-VIEWER = "thn_e2e-viewer"
+VIEWER = fixed_token("e2e-viewer")
 
 
 async def test_carrier_loss_is_detected_replanned_recorded_and_closed(system: System) -> None:

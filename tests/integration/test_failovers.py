@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest_asyncio
 from fastapi import FastAPI
+from fixed_tokens import fixed_token
 from prometheus_client import REGISTRY
 from sqlalchemy.exc import DataError
 
@@ -30,7 +31,7 @@ from thorn_health.app import create_app
 from thorn_health.recorder import CONSUMER
 from thorn_health.service import HealthService
 
-VIEWER = "thn_failover-viewer"
+VIEWER = fixed_token("failover-viewer")
 WAIT = 10.0
 
 

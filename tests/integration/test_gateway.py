@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import STARTUP, serving
+from fixed_tokens import fixed_token
+from serving import STARTUP, serving, serving_services
 
 from thorn.bus import Bus
 from thorn.config import Settings
@@ -22,11 +23,9 @@ from thorn.events import PathsChanged
 from thorn.natsd import free_port
 from thorn_gateway.app import CONNECT_TIMEOUT_S
 from thorn_gateway.app import create_app as gateway_app
-from thorn_health.app import create_app as health_app
-from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_topology.app import create_app as topology_app
 
-ADMIN = "thn_gateway-test-admin"
+ADMIN = fixed_token("gateway-test-admin")
 AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
 FABRIC = {"spines": 2, "leaves": 2, "hosts_per_leaf": 1}
 
@@ -39,16 +38,8 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def services(data: Path, nats_url: str) -> Iterator[dict[str, str]]:
     settings = Settings(admin_token=ADMIN, data_dir=data)
-    db = data / "thorn.db"
-    with (
-        serving("topology", lambda s, b: topology_app(settings, store=s, bus=b), db,
-                nats_url) as topology,
-        serving("health", lambda s, b: health_app(settings, store=s, bus=b), db,
-                nats_url) as health,
-        serving("pathcomp", lambda s, b: pathcomp_app(settings, store=s, bus=b), db,
-                nats_url) as pathcomp,
-    ):  # fmt: skip
-        yield {"topology": topology, "health": health, "pathcomp": pathcomp}
+    with serving_services(settings, data / "thorn.db", nats_url) as urls:
+        yield urls
 
 
 def _gateway(services: Mapping[str, str | list[str]], db: Path, nats_url: str) -> Iterator[str]:

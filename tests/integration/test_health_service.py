@@ -16,6 +16,7 @@ import httpx
 import pytest
 import pytest_asyncio
 from fastapi import FastAPI
+from fixed_tokens import fixed_token
 from prometheus_client import REGISTRY
 
 from thorn.auth import hash_token
@@ -41,7 +42,7 @@ from thorn.store import Store
 from thorn_health.app import create_app
 from thorn_health.service import HealthService
 
-VIEWER = "thn_health-viewer"
+VIEWER = fixed_token("health-viewer")
 WAIT = 10.0
 # leaf_spine(2, 2, 2): link 5 is leaf1:swp3 -- spine1:swp1, link 6 leaf1:swp4 -- spine2:swp1
 UPLINK, OTHER = 5, 6

@@ -1,7 +1,7 @@
 """Upgrading a store written by an older release, as every service does at start
 (`Store.open`: `alembic upgrade head` under the migration lock), on SQLite and PostgreSQL.
 
-There are no release tags: the previous release is the revision before head (0006), and
+There are no release tags: the previous release is the revision before head (0007), and
 every older one back to 0001 is upgraded too. Each store is built at its revision and filled
 by raw SQL in that revision's own columns (what a service of that release wrote); after the
 upgrade every row is still there, read back through today's store, and the columns added
@@ -22,9 +22,10 @@ from thorn.store import Store
 from thorn.store.failovers import FailoverQuery
 from thorn.store.health import FailureQuery
 from thorn.store.store import _upgrade
+from thorn.store.tokens import TokenRecord
 
-REVISIONS = ["0001", "0002", "0003", "0004", "0005", "0006"]
-HEAD = "0007"
+REVISIONS = ["0001", "0002", "0003", "0004", "0005", "0006", "0007"]
+HEAD = "0008"
 AT = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
 Rows = list[tuple[str, list[dict[str, Any]]]]
@@ -114,6 +115,7 @@ ROWS: dict[str, Rows] = {
          [{"at": AT, "observed": _json({"node": "leaf1", "ports": []})}]),
     ],
     "0006": [],  # a column with a default: what it holds is checked below
+    "0007": [],  # the outbox: events of earlier writes were sent by the release that made them
 }  # fmt: skip
 
 
@@ -173,9 +175,16 @@ async def assert_upgraded(store: Store, revision: str, store_id: int) -> None:
     assert fabric.vnis[10010].tenant == "acme"
     assert fabric.workloads["job1"].ip.compressed == "10.10.0.1"
     assert {str(t.address) for t in fabric.teps.values()} == {"10.255.0.1", "10.255.1.1"}
-    assert await store.token_by_hash("ab" * 32) == ("ops", TokenRole.operator)
+    # 0008: a token made before expiry and rotation never expires, was never seen in use;
+    # an audit entry made before outcomes was a committed write, from an unknown client
+    assert await store.token_by_hash("ab" * 32) == TokenRecord("ops", TokenRole.operator)
+    [ops] = await store.tokens()
+    assert (ops.expires_at, ops.last_used_at, ops.rotated_at, ops.old_secret_until) == (
+        None, None, None, None,
+    )  # fmt: skip
     total, [entry] = await store.audit()
     assert total == 1 and (entry.action, entry.revision) == ("fabric.import", 7)
+    assert (entry.outcome, entry.client) == ("ok", None)
 
     states = await store.health_states()
     failures = (await store.failures(FailureQuery()))[1]

@@ -32,6 +32,7 @@ import httpx
 import nats.errors
 import nats.js.errors
 import pytest
+from fixed_tokens import fixed_token
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import eventually
@@ -63,7 +64,7 @@ from thorn_programmer.reports import ReportQueue
 
 pytestmark = pytest.mark.nats
 
-ADMIN = "thn_cluster-admin"
+ADMIN = fixed_token("cluster-admin")
 SERVICES = ("topology", "health", "pathcomp")
 START_S = 45.0  # three service processes starting side by side on 2 shared cores
 WAIT = 20.0  # bound for what follows a write by moments (events, derived state, catch-up)

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest_asyncio
 from fastapi import FastAPI
+from fixed_tokens import fixed_token
 from standin_agents import StandInAgents
 
 from thorn.auth import hash_token
@@ -36,7 +37,11 @@ from thorn_pathcomp.app import create_app as pathcomp_app
 from thorn_pathcomp.service import PathService
 from thorn_topology.app import create_app as topology_app
 
-ADMIN, OPERATOR, VIEWER = "thn_dr-admin", "thn_dr-operator", "thn_dr-viewer"
+ADMIN, OPERATOR, VIEWER = (
+    fixed_token("dr-admin"),
+    fixed_token("dr-operator"),
+    fixed_token("dr-viewer"),
+)
 WAIT = 15.0
 
 

@@ -22,6 +22,7 @@ import orjson
 import pytest
 import pytest_asyncio
 from fastapi import FastAPI
+from fixed_tokens import fixed_token
 from pydantic import TypeAdapter
 from standin_agents import StandInAgents
 
@@ -52,7 +53,7 @@ from thorn_pathcomp.node_documents import HOST_STAGE, DesiredStates, diff
 from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.service import Deposed, PathService
 
-ADMIN, VIEWER = "thn_pc-admin", "thn_pc-viewer"
+ADMIN, VIEWER = fixed_token("pc-admin"), fixed_token("pc-viewer")
 WAIT = 10.0
 STATE = TypeAdapter(DesiredState)
 

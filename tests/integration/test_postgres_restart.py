@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fixed_tokens import fixed_token
 from nats.errors import NoRespondersError
 from pg_server import PgServer, pg_bin
 from service_process import ServiceProcess, service_process
@@ -48,7 +49,7 @@ from thorn.store import Store
 
 pytestmark = pytest.mark.postgres
 
-ADMIN = "thn_restart-admin"
+ADMIN = fixed_token("restart-admin")
 REQUEST_TIMEOUT_S = 30.0  # a request unanswered this long is a hang
 REQUEST_BOUND_S = 15.0  # THORN_DB_POOL_TIMEOUT_S (10) and a margin: the longest a 503 may take
 STREAM_S = 90.0  # the whole write stream, outage included, ends within this
@@ -395,7 +396,7 @@ async def test_what_health_takes_while_postgres_is_down_is_stored_once_when_it_i
     try:
         await store.replace(Fabric.from_document(leaf_spine(2, 2, 2)), expected_revision=0,
                             actor="test", detail={})  # fmt: skip
-        await store.put_token("viewer", TokenRole.viewer, hash_token("thn_viewer"), "test")
+        await store.put_token("viewer", TokenRole.viewer, hash_token(fixed_token("viewer")), "test")
     finally:
         await store.close()
     env = {"THORN_DATABASE_URL": url, "THORN_NATS_URL": own_nats, "THORN_LEASE_SECONDS": "1",

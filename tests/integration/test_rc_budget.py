@@ -17,6 +17,7 @@ import pytest_asyncio
 from alembic import command
 from alembic.config import Config
 from fastapi import FastAPI
+from fixed_tokens import fixed_token
 from prometheus_client import REGISTRY
 from rc_tenants import fabric_of_two_tenants
 from sqlalchemy import Connection, text
@@ -33,8 +34,8 @@ from thorn_health.app import create_app as health_app
 from thorn_health.service import HealthService
 from thorn_topology.app import create_app as topology_app
 
-ADMIN = "thn_budget-admin"
-VIEWER = "thn_budget-viewer"
+ADMIN = fixed_token("budget-admin")
+VIEWER = fixed_token("budget-viewer")
 
 
 @pytest_asyncio.fixture

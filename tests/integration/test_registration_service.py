@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 import pytest_asyncio
+from fixed_tokens import fixed_token
 from observations import hears, host1, rdma_on
 from test_pathcomp_drains import ADMIN as DRAINS_ADMIN
 from test_pathcomp_drains import VIEWER, Controller, running
@@ -41,7 +42,7 @@ from thorn.store import Store
 from thorn.store.observed import ObservedRecord
 from thorn_topology.app import create_app
 
-ADMIN = "thn_test-admin-registration"
+ADMIN = fixed_token("test-admin-registration")
 WAIT = 10.0
 
 

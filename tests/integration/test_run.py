@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import nats
+from fixed_tokens import fixed_token
 from launched import children_of, cmdline, listen_port
 
 from thorn.natsd import free_port
@@ -205,7 +206,7 @@ async def topology_stream(url: str) -> tuple[int, int, dict[str, object]]:
 
 def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_path: Path) -> None:
     port = free_port()
-    token = "thn_supervision_test"
+    token = fixed_token("supervision_test")
     env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}",
            "THORN_EMULATED_FABRIC": "0", "THORN_ADMIN_TOKEN": token}  # fmt: skip
     script = Path(sys.executable).parent / "thorn-run"
@@ -286,7 +287,7 @@ def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_pat
 def test_a_child_that_keeps_failing_at_start_is_retried_and_the_user_told(tmp_path: Path) -> None:
     """health's port is taken while it is down: each start fails at once; once freed, it is back."""
     port = free_port()
-    token = "thn_crash_loop_test"
+    token = fixed_token("crash_loop_test")
     env = {**os.environ, "THORN_DATA_DIR": str(tmp_path), "THORN_LISTEN": f"127.0.0.1:{port}",
            "THORN_EMULATED_FABRIC": "0", "THORN_ADMIN_TOKEN": token}  # fmt: skip
     script = Path(sys.executable).parent / "thorn-run"

@@ -11,6 +11,7 @@ from thorn.fabric import Fabric, FabricError
 from thorn.generators import leaf_spine
 from thorn.model import AdminState, LinkUpdate, NodeSpec, PortSpec, Role, TokenRole
 from thorn.store import StaleRevision, Store
+from thorn.store.tokens import TokenRecord
 
 
 def small_fabric(revision: int = 0) -> Fabric:
@@ -164,7 +165,7 @@ async def test_the_audit_log_records_actor_action_and_revision(store: Store) -> 
 
 async def test_tokens_are_stored_hashed_and_found_by_hash(store: Store) -> None:
     await store.add_token("alice", TokenRole.operator, "ab" * 32, "admin")
-    assert await store.token_by_hash("ab" * 32) == ("alice", TokenRole.operator)
+    assert await store.token_by_hash("ab" * 32) == TokenRecord("alice", TokenRole.operator)
     assert await store.token_by_hash("cd" * 32) is None
     with pytest.raises(FabricError):
         await store.add_token("alice", TokenRole.viewer, "ef" * 32, "admin")
@@ -186,7 +187,7 @@ async def test_migrations_match_the_declared_schema(store: Store) -> None:
     async with store.engine.connect() as conn:
         assert await conn.run_sync(diff) == []
         version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar()
-    assert version == "0007"
+    assert version == "0008"
 
 
 async def test_opening_twice_is_idempotent(store: Store, database_url: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from fixed_tokens import fixed_token
 from prometheus_client import REGISTRY
 from sqlalchemy.engine import make_url
 from tcp_proxy import CommitCutter
@@ -31,7 +32,7 @@ from thorn_topology.app import create_app
 
 pytestmark = pytest.mark.postgres
 
-ADMIN = "thn_outage-admin"
+ADMIN = fixed_token("outage-admin")
 NODE = {"name": "extra1", "role": "switch", "ports": [{"name": "swp1"}]}
 
 

@@ -28,6 +28,7 @@ import httpx
 import pytest
 import structlog
 import yaml
+from fixed_tokens import fixed_token
 from rc_tenants import fabric_of_two_tenants
 from serving import SHUTDOWN, STARTUP, serving
 from standin_agents import StandInAgents
@@ -53,7 +54,7 @@ from thorn_topology.app import create_app
 from thornctl.context import since_value
 from thornctl.main import app
 
-ADMIN = "thn_thornctl-test-admin"
+ADMIN = fixed_token("thornctl-test-admin")
 THORNCTL = Path(sys.executable).with_name("thornctl")
 
 # The fabric every test starts from: two switches, one host, two links.
@@ -530,7 +531,7 @@ def test_a_document_the_fabric_rejects_exits_1_with_the_apis_detail(
 
 
 def test_a_wrong_token_exits_77(thornctl: Thornctl) -> None:
-    result = thornctl("nodes", "list", token="thn_not-a-real-token")
+    result = thornctl("nodes", "list", token=fixed_token("not-a-real-token"))
     assert result.exit_code == 77
     assert result.stderr == "Error: invalid or revoked token\n"
 

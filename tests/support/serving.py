@@ -15,7 +15,11 @@ import uvicorn
 from fastapi import FastAPI
 
 from thorn.bus import Bus
+from thorn.config import Settings
 from thorn.store import Store
+from thorn_health.app import create_app as health_app
+from thorn_pathcomp.app import create_app as pathcomp_app
+from thorn_topology.app import create_app as topology_app
 
 STARTUP = 30.0  # seconds for the server to answer /healthz
 SHUTDOWN = 15.0
@@ -83,3 +87,23 @@ def serving(
         sock.close()
         assert not thread.is_alive(), f"the {name} service did not stop within {SHUTDOWN} s"
         assert not errors, f"the {name} service failed: {errors[0]!r}"
+
+
+@contextmanager
+def serving_services(settings: Settings, db: Path, nats_url: str) -> Iterator[dict[str, str]]:
+    """topology, health and pathcomp, each as `serving` runs it with `settings`, on one SQLite
+    store and NATS; yields each one's URL by name (THORN_UPSTREAMS' names)."""
+    with (
+        serving("topology", lambda s, b: topology_app(settings, store=s, bus=b), db,
+                nats_url) as topology,
+        serving("health", lambda s, b: health_app(settings, store=s, bus=b), db,
+                nats_url) as health,
+        serving("pathcomp", lambda s, b: pathcomp_app(settings, store=s, bus=b), db,
+                nats_url) as pathcomp,
+    ):  # fmt: skip
+        yield {"topology": topology, "health": health, "pathcomp": pathcomp}
+
+
+def upstreams_of(services: dict[str, str]) -> str:
+    """THORN_UPSTREAMS for the services `serving_services` runs."""
+    return ",".join(f"{name}={url}" for name, url in services.items())

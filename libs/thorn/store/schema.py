@@ -124,6 +124,9 @@ class TepRow(Base):
 
 
 class TokenRow(Base):
+    """An API token: the SHA-256 of its secret, never the secret. After a rotation the old
+    secret's digest stays in `previous_hash` until `previous_until` (the overlap)."""
+
     __tablename__ = "api_tokens"
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     name: Mapped[str] = mapped_column(String(NAME), unique=True)
@@ -131,6 +134,12 @@ class TokenRow(Base):
     token_hash: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_by: Mapped[str] = mapped_column(String(NAME))
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    rotated_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    previous_hash: Mapped[str | None] = mapped_column(String(64))
+    previous_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    __table_args__ = (Index("ix_api_tokens_previous_hash", "previous_hash"),)
 
 
 class AuditRow(Base):
@@ -142,7 +151,15 @@ class AuditRow(Base):
     target: Mapped[str] = mapped_column(String(256))
     revision: Mapped[int | None] = mapped_column(Integer)
     detail: Mapped[dict[str, Any]]
-    __table_args__ = (Index("ix_audit_log_actor", "actor"), Index("ix_audit_log_at", "at"))
+    # ok, refused (4xx), denied (401/403) or failed (5xx); the client's address as the
+    # service saw it (the entry point's X-Forwarded-For, from a trusted proxy only).
+    outcome: Mapped[str] = mapped_column(String(16), default="ok", server_default="ok")
+    client: Mapped[str | None] = mapped_column(String(ADDR))
+    __table_args__ = (
+        Index("ix_audit_log_actor", "actor"),
+        Index("ix_audit_log_at", "at"),
+        Index("ix_audit_log_outcome", "outcome"),
+    )
 
 
 class TopologyOutboxRow(Base):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import defaultdict
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +21,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, delete, func, insert, inspect, select, text, update
+from sqlalchemy import Connection, delete, insert, inspect, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -40,6 +40,7 @@ from thorn.model import (
     Workload,
 )
 from thorn.store import failovers, health, observed
+from thorn.store import tokens as token_sql
 from thorn.store.database import (
     DatabaseUnusable,
     PoolSettings,
@@ -49,7 +50,6 @@ from thorn.store.database import (
     transaction,
 )
 from thorn.store.schema import (
-    AuditRow,
     LinkRow,
     Meta,
     MiscabledRow,
@@ -62,6 +62,7 @@ from thorn.store.schema import (
     VniRow,
     WorkloadRow,
 )
+from thorn.store.tokens import AuditRecord, TokenRecord
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x7468_6F72  # "thor": serialises replicas migrating one PostgreSQL database
@@ -220,16 +221,18 @@ class Store:
         target: str,
         detail: dict[str, Any],
         event: str | None = None,
+        client: str | None = None,
     ) -> int:
         """Apply one validated operation; return the new revision, which is always
         `expected_revision + 1`. `event`: the write's topology.changed (JSON, made for that
-        revision), put in the outbox in the same transaction."""
+        revision), put in the outbox in the same transaction; `client`: the caller's address,
+        for the audit entry."""
         async with self._writing() as conn:
             revision = await _bump(conn, expected_revision)
             for change in changes:
                 await _apply(conn, change)
             await _set_counter(conn, "next_link_id", next_link_id)
-            await _audit(conn, actor, action, target, revision, detail)
+            await _audit(conn, actor, action, target, revision, detail, client=client)
             await _outbox(conn, revision, event)
         return revision
 
@@ -241,9 +244,10 @@ class Store:
         actor: str,
         detail: dict[str, Any],
         event: str | None = None,
+        client: str | None = None,
     ) -> int:
         """Replace the whole fabric (bulk import) in one transaction; return the revision
-        (`expected_revision + 1`). `event` as for `commit`."""
+        (`expected_revision + 1`). `event` and `client` as for `commit`."""
         by_kind: dict[EntityKind, list[dict[str, Any]]] = defaultdict(list)
         for change in fabric.all_changes():
             by_kind[change.kind].append(_row(change))
@@ -255,7 +259,7 @@ class Store:
                 if by_kind[kind]:
                     await conn.execute(insert(_TABLES[kind]), by_kind[kind])
             await _set_counter(conn, "next_link_id", fabric.next_link_id)
-            await _audit(conn, actor, "fabric.import", "fabric", revision, detail)
+            await _audit(conn, actor, "fabric.import", "fabric", revision, detail, client=client)
             await _outbox(conn, revision, event)
         return revision
 
@@ -299,77 +303,97 @@ class Store:
     # --- tokens -------------------------------------------------------------------------
 
     async def add_token(
-        self, name: str, role: TokenRole, token_hash: str, actor: str
+        self,
+        name: str,
+        role: TokenRole,
+        token_hash: str,
+        actor: str,
+        *,
+        expires_at: datetime | None = None,
+        client: str | None = None,
     ) -> TokenPublic:
-        row = {
-            "name": name,
-            "role": role.value,
-            "token_hash": token_hash,
-            "created_at": _now(),
-            "created_by": actor,
-        }
+        at = _now()
         async with self._writing() as conn:
-            if (await conn.execute(select(TokenRow.id).where(TokenRow.name == name))).first():
+            if await token_sql.exists(conn, name):
                 raise FabricError.one(("name",), f"token '{name}' already exists", "conflict")
-            await conn.execute(insert(TokenRow), row)
-            await _audit(conn, actor, "token.create", name, None, {"role": role.value})
-        return _token_public(row)
+            row = await token_sql.insert_token(
+                conn, name, role, token_hash, actor=actor, at=at, expires_at=expires_at
+            )
+            detail = {"role": role.value, "expires_at": _iso(expires_at) if expires_at else None}
+            await _audit(conn, actor, "token.create", name, None, detail, client=client)
+        return token_sql.public(row, at)
+
+    async def rotate_token(
+        self,
+        name: str,
+        token_hash: str,
+        *,
+        old_until: datetime,
+        expires_at: datetime | None,
+        actor: str,
+        client: str | None = None,
+    ) -> TokenPublic | None:
+        """Give `name` a new secret; the old one works until `old_until`. None: no such token."""
+        at = _now()
+        async with self._writing() as conn:
+            row = await token_sql.rekey(
+                conn, name, token_hash, at=at, old_until=old_until, expires_at=expires_at
+            )
+            if row is None:
+                return None
+            detail = {"old_secret_until": _iso(max(old_until, at)),
+                      "expires_at": _iso(expires_at) if expires_at else None}  # fmt: skip
+            await _audit(conn, actor, "token.rotate", name, None, detail, client=client)
+        return token_sql.public(row, at)
 
     async def put_token(self, name: str, role: TokenRole, token_hash: str, actor: str) -> bool:
-        """Create or re-key a token (the bootstrap admin). Return True when it changed."""
+        """Create or re-key a token (the bootstrap admin: never expires; a new secret
+        replaces the old at once). Return True when it changed."""
         async with self._writing() as conn:
             found = (
                 (await conn.execute(select(TokenRow).where(TokenRow.name == name)))
                 .mappings()
                 .first()
             )
-            if found and found["token_hash"] == token_hash and found["role"] == role.value:
+            if (found and found["token_hash"] == token_hash and found["role"] == role.value
+                    and found["expires_at"] is None):  # fmt: skip
                 return False
             if found:
-                await conn.execute(
-                    update(TokenRow)
-                    .where(TokenRow.name == name)
-                    .values(token_hash=token_hash, role=role.value)
+                await token_sql.rekey(
+                    conn, name, token_hash, at=_now(), old_until=None, expires_at=None, role=role
                 )
             else:
-                await conn.execute(
-                    insert(TokenRow),
-                    {
-                        "name": name,
-                        "role": role.value,
-                        "token_hash": token_hash,
-                        "created_at": _now(),
-                        "created_by": actor,
-                    },
+                await token_sql.insert_token(
+                    conn, name, role, token_hash, actor=actor, at=_now(), expires_at=None
                 )
             await _audit(conn, actor, "token.bootstrap", name, None, {"role": role.value})
         return True
 
-    async def token_by_hash(self, token_hash: str) -> tuple[str, TokenRole] | None:
+    async def token_by_hash(self, token_hash: str) -> TokenRecord | None:
+        """The token whose current (or, after a rotation, old) secret has this digest."""
         async with self.engine.connect() as conn:
-            found = (
-                await conn.execute(
-                    select(TokenRow.name, TokenRow.role).where(TokenRow.token_hash == token_hash)
-                )
-            ).first()
-        return (found[0], TokenRole(found[1])) if found else None
+            return await token_sql.find(conn, token_hash)
 
     async def has_token(self, name: str) -> bool:
         async with self.engine.connect() as conn:
-            query = select(TokenRow.id).where(TokenRow.name == name)
-            return (await conn.execute(query)).first() is not None
+            return await token_sql.exists(conn, name)
 
-    async def tokens(self) -> list[TokenPublic]:
+    async def tokens(self, now: datetime | None = None) -> list[TokenPublic]:
         async with self.engine.connect() as conn:
-            rows = (await conn.execute(select(TokenRow).order_by(TokenRow.name))).mappings()
-            return [_token_public(dict(r)) for r in rows]
+            return await token_sql.listing(conn, now or _now())
 
-    async def delete_token(self, name: str, actor: str) -> bool:
+    async def tokens_used(self, used: Mapping[str, datetime]) -> None:
+        """Record when tokens were last seen in use (name -> time)."""
+        if used:
+            async with self._transaction() as conn:
+                await token_sql.mark_used(conn, used)
+
+    async def delete_token(self, name: str, actor: str, *, client: str | None = None) -> bool:
         async with self._writing() as conn:
             result = await conn.execute(delete(TokenRow).where(TokenRow.name == name))
             if not result.rowcount:
                 return False
-            await _audit(conn, actor, "token.delete", name, None, {})
+            await _audit(conn, actor, "token.delete", name, None, {}, client=client)
         return True
 
     # --- audit --------------------------------------------------------------------------
@@ -381,27 +405,20 @@ class Store:
         offset: int = 0,
         actor: str | None = None,
         action: str | None = None,
+        outcome: str | None = None,
     ) -> tuple[int, list[AuditEntry]]:
-        where = []
-        if actor is not None:
-            where.append(AuditRow.actor == actor)
-        if action is not None:
-            where.append(AuditRow.action.startswith(action, autoescape=True))
+        """The audit log, newest first: (total matching, this page). `action`: a prefix."""
+        query = token_sql.AuditQuery(
+            limit=limit, offset=offset, actor=actor, action=action, outcome=outcome
+        )
         async with self.engine.connect() as conn:
-            total = (
-                await conn.execute(select(func.count()).select_from(AuditRow).where(*where))
-            ).scalar_one()
-            rows = (
-                await conn.execute(
-                    select(AuditRow)
-                    .where(*where)
-                    .order_by(AuditRow.id.desc())
-                    .limit(limit)
-                    .offset(offset)
-                )
-            ).mappings()
-            entries = [AuditEntry(**{**dict(r), "at": _iso(r["at"])}) for r in rows]
-        return total, entries
+            return await token_sql.read_entries(conn, query)
+
+    async def append_audit(self, records: Sequence[AuditRecord]) -> None:
+        """Write audit entries made outside a write's transaction, in one transaction."""
+        if records:
+            async with self._transaction() as conn:
+                await token_sql.write_entries(conn, records)
 
     # --- health ---------------------------------------------------------------------------
 
@@ -509,33 +526,21 @@ async def _audit(
     target: str,
     revision: int | None,
     detail: dict[str, Any],
+    *,
+    client: str | None = None,
 ) -> None:
-    await conn.execute(
-        insert(AuditRow),
-        {
-            "at": _now(),
-            "actor": actor,
-            "action": action,
-            "target": target[:256],
-            "revision": revision,
-            "detail": detail,
-        },
-    )
+    """The audit entry of a write, in the write's own transaction: committed with it."""
+    record = AuditRecord(
+        at=_now(), actor=actor, action=action, target=target, client=client, revision=revision,
+        detail=detail,
+    )  # fmt: skip
+    await token_sql.write_entries(conn, [record])
 
 
 async def _outbox(conn: AsyncConnection, revision: int, event: str | None) -> None:
     if event is not None:
         await conn.execute(insert(TopologyOutboxRow), {"revision": revision, "event": event,
                                                        "at": _now()})  # fmt: skip
-
-
-def _token_public(row: dict[str, Any]) -> TokenPublic:
-    return TokenPublic(
-        name=row["name"],
-        role=TokenRole(row["role"]),
-        created_at=_iso(row["created_at"]),
-        created_by=row["created_by"],
-    )
 
 
 def _build_fabric(

@@ -44,6 +44,8 @@ from thorn.config import Settings
 from thorn.openapi import MergeConflict, merge
 from thorn.telemetry import instrument
 from thorn.web import BodyLimit
+from thorn_gateway.guard import AuthFailureGuard
+from thorn_gateway.limiter import FailureLimiter, parse_networks
 from thorn_gateway.routes import RouteTable
 from thorn_gateway.upstreams import Replica, Replicas, pools, replayable
 
@@ -192,6 +194,10 @@ def create_app(
 
     # Each service limits its own bodies; this only bounds what the entry point holds.
     app.add_middleware(BodyLimit, default=settings.max_import_bytes, large={})
+    # Outermost: a client over its limit of failed authentications is answered before anything.
+    limiter = FailureLimiter(settings.auth_failure_limit, settings.auth_failure_window_s)
+    proxies = parse_networks(settings.gateway_trusted_proxies, "THORN_GATEWAY_TRUSTED_PROXIES")
+    app.add_middleware(AuthFailureGuard, limiter=limiter, trusted_proxies=proxies)
     instrument(app, "gateway", healthz=False)  # its /healthz reports every service too
 
     @app.get("/healthz", include_in_schema=False)

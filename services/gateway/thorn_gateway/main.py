@@ -21,7 +21,8 @@ def main() -> None:
         settings.upstream_tls  # noqa: B018 - THORN_TLS_CA, checked before anything listens
     except TlsSettingError as exc:
         refuse_tls(exc)
-    serve(create_app(settings), settings)
+    # X-Forwarded-For is the guard's to read (THORN_GATEWAY_TRUSTED_PROXIES), not uvicorn's.
+    serve(create_app(settings), settings, trusted_proxies="")
 
 
 if __name__ == "__main__":

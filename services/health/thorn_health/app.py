@@ -10,6 +10,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import structlog
 from fastapi import FastAPI
 
+from thorn.audit import AuditTrail
+from thorn.auth import guarding
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.leader import LeaderElection
@@ -70,7 +72,7 @@ def create_app(
                 max_items=settings.health_max_items, clock=clock,
             )  # fmt: skip
             app.state.health = service
-            app.state.token_lookup = the_store.token_by_hash
+            await stack.enter_async_context(guarding(app, the_store))
             await service.start()
             stack.push_async_callback(service.stop)
             # One active replica takes the reports (its machines are the truth); the others
@@ -93,6 +95,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(AuditTrail)
     instrument(app, "health")
     app.include_router(router)
     app.include_router(failover_router)

@@ -264,6 +264,8 @@ class LeaderAway(Exception):
 async def recompute(principal: Admin, service: Service, request: Request) -> PlanOut:
     """On the leader: a full plan, and the desired state that changed written. On a follower:
     the same, done by the leader (the answer is the leader's plan)."""
+    if principal.audit is not None:  # the audit trail writes its entry with the outcome
+        principal.audit.action, principal.audit.target = "plan.recompute", "plan"
     if service.is_leader():
         await service.recompute(f"requested by {principal.name}")
         return _plan_out(service)

@@ -12,6 +12,8 @@ import structlog
 from fastapi import FastAPI
 from nats.aio.msg import Msg
 
+from thorn.audit import AuditTrail
+from thorn.auth import guarding
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.events import (
@@ -67,7 +69,7 @@ def create_app(
             )  # fmt: skip
             app.state.pathcomp = service
             stack.push_async_callback(service.close)
-            app.state.token_lookup = the_store.token_by_hash
+            await stack.enter_async_context(guarding(app, the_store))
 
             async def topology(event: TopologyChanged) -> None:
                 await service.on_topology(event)
@@ -127,6 +129,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(AuditTrail)
     instrument(app, "pathcomp")
     app.include_router(router)
     app.add_middleware(BodyLimit, default=settings.max_body_bytes, large={})

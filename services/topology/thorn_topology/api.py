@@ -5,17 +5,29 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, TypeVar
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field, WithJsonSchema
 
 from thorn import generators
-from thorn.auth import Admin, Operator, Viewer, hash_token, new_token
+from thorn.auth import (
+    BOOTSTRAP_TOKEN_NAME,
+    Admin,
+    Operator,
+    Principal,
+    Viewer,
+    forbidden,
+    hash_token,
+    new_token,
+)
 from thorn.fabric import Change, Fabric, NotFound
 from thorn.model import (
+    TOKEN_TTL_MAX_S,
     AdminState,
     AuditEntry,
+    AuditOutcome,
     Colour,
     FabricDocument,
     FabricSummary,
@@ -34,7 +46,10 @@ from thorn.model import (
     Tep,
     TokenCreate,
     TokenCreated,
+    TokenExpiry,
     TokenPublic,
+    TokenRole,
+    TokenRotate,
     Vni,
     Workload,
 )
@@ -659,27 +674,100 @@ async def delete_tep(principal: Admin, service: Service, node: str, colour: Colo
 
 @router.get("/tokens", tags=["auth"], response_model=Page[TokenPublic])
 async def list_tokens(_: Admin, service: Service, page: PageQuery) -> Page[TokenPublic]:
+    """Every token, never a secret: its expiry, last use (to within a minute) and, while a
+    rotation's overlap lasts, until when its old secret works."""
     return paginate(await service.store.tokens(), page)
+
+
+def _expiry(body: TokenExpiry, now: datetime, keep: datetime | None = None) -> datetime | None:
+    """When a token made or rotated `now` expires: from `ttl_seconds` or `expires_at`, else
+    `keep`. Values the schema cannot refuse are a 422 naming the field."""
+    if {"expires_at", "ttl_seconds"} <= body.model_fields_set:
+        msg = "give expires_at or ttl_seconds, not both"
+        raise FieldError(422, ["body", "ttl_seconds"], msg, "conflicting_fields")
+    if body.ttl_seconds is not None:
+        return now + timedelta(seconds=body.ttl_seconds)
+    if body.expires_at is None:
+        return keep
+    try:
+        at = body.expires_at.astimezone(UTC)
+    except OverflowError:
+        at = None
+    if at is None or at <= now:
+        raise FieldError(422, ["body", "expires_at"], "must be in the future", "too_early")
+    if at > now + timedelta(seconds=TOKEN_TTL_MAX_S):
+        raise FieldError(422, ["body", "expires_at"], "must be at most 10 years ahead", "too_late")
+    return at
 
 
 @router.post("/tokens", tags=["auth"], response_model=TokenCreated, status_code=201)
 async def create_token(principal: Admin, service: Service, request: TokenCreate) -> TokenCreated:
-    """Create a token; the secret is in this response only."""
+    """Create a token, for ever or until `expires_at` (or `ttl_seconds` from now); the secret
+    is in this response only."""
+    expires_at = _expiry(request, datetime.now(UTC))
     secret = new_token()
     public = await service.store.add_token(
-        request.name, request.role, hash_token(secret), principal.name
-    )
+        request.name, request.role, hash_token(secret), principal.name,
+        expires_at=expires_at, client=principal.client,
+    )  # fmt: skip
+    _recorded(principal)
+    return TokenCreated(**public.model_dump(), token=secret)
+
+
+@router.post("/tokens/{name}/rotate", tags=["auth"], response_model=TokenCreated)
+async def rotate_token(
+    principal: Viewer,
+    service: Service,
+    http: Request,
+    name: Annotated[str, Path(description="token name")],
+    request: Annotated[TokenRotate, Body()] = TokenRotate(),
+) -> TokenCreated:
+    """A new secret for the token `name` (admin, or the token itself): the new secret is in
+    this response only; the old one keeps working for `overlap_seconds` (default an hour),
+    then stops. The token keeps its expiry unless `expires_at` or `ttl_seconds` is given."""
+    if principal.name != name and not principal.role.allows(TokenRole.admin):
+        raise forbidden(
+            http, principal, f"token '{principal.name}' may rotate only itself; an admin may "
+            "rotate any token",
+        )  # fmt: skip
+    if name == BOOTSTRAP_TOKEN_NAME and http.app.state.bootstrap_from_settings:
+        raise FieldError(
+            409, ["path", "name"], "bootstrap-admin is set from THORN_ADMIN_TOKEN at every start: "
+            "rotate it by changing that variable", "conflict",
+        )  # fmt: skip
+    now = datetime.now(UTC)
+    current = {t.name: t for t in await service.store.tokens(now)}.get(name)
+    if current is None:
+        raise NotFound(f"token '{name}' not found")
+    keep = datetime.fromisoformat(current.expires_at) if current.expires_at else None
+    expires_at = _expiry(request, now, keep)
+    secret = new_token()
+    public = await service.store.rotate_token(
+        name, hash_token(secret), old_until=now + timedelta(seconds=request.overlap_seconds),
+        expires_at=expires_at, actor=principal.name, client=principal.client,
+    )  # fmt: skip
+    if public is None:  # revoked meanwhile
+        raise NotFound(f"token '{name}' not found")
+    _recorded(principal)
     return TokenCreated(**public.model_dump(), token=secret)
 
 
 @router.delete("/tokens/{name}", tags=["auth"], status_code=204)
 async def delete_token(principal: Admin, service: Service, name: str) -> Response:
-    """Revoke a token at once; its next request gets 401."""
+    """Revoke a token at once (both secrets, during a rotation's overlap); its next request
+    gets 401."""
     if name == principal.name:
         raise FieldError(409, ["path", "name"], "a token cannot revoke itself", "conflict")
-    if not await service.store.delete_token(name, principal.name):
+    if not await service.store.delete_token(name, principal.name, client=principal.client):
         raise NotFound(f"token '{name}' not found")
+    _recorded(principal)
     return Response(status_code=204)
+
+
+def _recorded(principal: Principal) -> None:
+    """The store wrote this request's audit entry with the write."""
+    if principal.audit is not None:
+        principal.audit.recorded = True
 
 
 @router.get("/audit", tags=["auth"], response_model=Page[AuditEntry])
@@ -689,10 +777,13 @@ async def list_audit(
     page: PageQuery,
     actor: str | None = None,
     action: Annotated[
-        str | None, Query(description="prefix, e.g. 'link.' or 'node.create'")
+        str | None, Query(description="prefix, e.g. 'link.', 'node.create' or 'auth.'")
     ] = None,
+    outcome: AuditOutcome | None = None,
 ) -> Page[AuditEntry]:
+    """The audit log, newest first: every write (its outcome: ok, refused, denied, failed)
+    and every refused authentication, with who, what, from where and when."""
     total, items = await service.store.audit(
-        limit=page.limit, offset=page.offset, actor=actor, action=action
+        limit=page.limit, offset=page.offset, actor=actor, action=action, outcome=outcome
     )
     return Page(items=items, total=total, limit=page.limit, offset=page.offset)

@@ -8,7 +8,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 import structlog
 from fastapi import FastAPI
 
-from thorn.auth import BOOTSTRAP_TOKEN_NAME, hash_token, new_token
+from thorn.audit import AuditTrail
+from thorn.auth import BOOTSTRAP_TOKEN_NAME, guarding, hash_token, new_token
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.model import TokenRole
@@ -70,7 +71,7 @@ def create_app(
             applied = AppliedReports()
             stack.push_async_callback((await applied.start(the_bus.nc)).unsubscribe)
             app.state.applied = applied
-            app.state.token_lookup = the_store.token_by_hash
+            await stack.enter_async_context(guarding(app, the_store))
             log.info(
                 "topology_ready", database=the_store.dialect, revision=await the_store.revision()
             )
@@ -83,6 +84,9 @@ def create_app(
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(AuditTrail)
+    # Set there, the bootstrap admin is re-keyed at every start: rotating it by API would not last.
+    app.state.bootstrap_from_settings = settings.admin_token is not None
     instrument(app, "topology")
     app.include_router(router)
     app.include_router(observed_router)

@@ -57,6 +57,7 @@ class Commit:
     source: str
     pool: PoolSettings = field(default_factory=PoolSettings)
     event: str | None = None
+    client: str | None = None  # the caller's address, for the audit entry
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ async def _write(commit: Commit, fabric: Fabric, base: Base, detail: dict[str, A
     )
     try:
         return await store.replace(fabric, expected_revision=base.revision, actor=commit.actor,
-                                   detail=detail, event=commit.event)  # fmt: skip
+                                   detail=detail, event=commit.event,
+                                   client=commit.client)  # fmt: skip
     finally:
         await store.close()
 

@@ -126,6 +126,10 @@ class TopologyService:
         returns the current revision and commits nothing.
         """
 
+        note = principal.audit
+        if note is not None:  # names the audit entry of a refusal too
+            note.action, note.target = action, target
+
         async def attempt(fabric: Fabric) -> tuple[int, list[Change]]:
             try:
                 changes = operation(fabric)
@@ -133,6 +137,8 @@ class TopologyService:
                 REJECTED.labels(action).inc()
                 raise  # the fabric refused it before changing anything
             if not changes:
+                if note is not None:
+                    note.detail["unchanged"] = True
                 return fabric.revision, changes
             # The compare-and-set makes the new revision this one or none.
             event = self._event(fabric.revision + 1, principal, [_event_change(c) for c in changes])
@@ -145,7 +151,10 @@ class TopologyService:
                 target=target,
                 detail=detail or {},
                 event=event.model_dump_json(),
+                client=principal.client,
             )
+            if note is not None:
+                note.recorded = True  # the entry was committed with the write
             fabric.revision = revision
             WRITES.labels(action).inc()
             self._announce(event)
@@ -162,6 +171,11 @@ class TopologyService:
         Raises Refused, FabricError, or BrokenProcessPool when the worker died.
         """
 
+        note = principal.audit
+        if note is not None:
+            note.action, note.target = "fabric.import", "fabric"
+            note.detail.update(source=label, dry_run=dry_run)
+
         async def attempt(current: Fabric) -> Outcome:
             base = Base(current.revision, current.next_link_id)
             event = self._event(
@@ -170,7 +184,8 @@ class TopologyService:
                 [EventChange(kind="fabric", op="replace", key=label)],
             )
             pool, data = self.store.pool, event.model_dump_json()
-            commit = None if dry_run else Commit(self._url, principal.name, label, pool, data)
+            commit = None if dry_run else Commit(self._url, principal.name, label, pool, data,
+                                                 client=principal.client)  # fmt: skip
             try:
                 outcome = await self._offload(replace_fabric, source, base, commit)
             except FabricError:
@@ -178,6 +193,8 @@ class TopologyService:
                 raise
             if outcome.document is None:
                 return outcome
+            if note is not None:
+                note.recorded = True
             self._document = outcome.document
             WRITES.labels("fabric.import").inc()
             self._announce(event)
