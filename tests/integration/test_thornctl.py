@@ -443,6 +443,109 @@ def test_a_viewer_token_cannot_import_and_gets_77(thornctl: Thornctl, tmp_path: 
         ok(thornctl("tokens", "revoke", "dash"))
 
 
+def secret_in(output: str) -> str:
+    found = re.search(r"thn_[A-Za-z0-9_-]{43}", output)
+    assert found is not None, output
+    return found.group(0)
+
+
+def tokens_by_name(thornctl: Thornctl) -> dict[str, dict[str, Any]]:
+    return {t["name"]: t for t in as_json(thornctl("-o", "json", "tokens", "list"))["items"]}
+
+
+def test_a_token_made_with_a_ttl_lists_its_expiry_and_its_last_use(
+    thornctl: Thornctl,
+) -> None:
+    made = ok(thornctl("tokens", "create", "ci-ttl", "--role", "viewer", "--ttl", "2d")).stdout
+    assert "Created token 'ci-ttl' with role viewer, expiring " in made
+    token = secret_in(made)
+    try:
+        ok(thornctl("whoami", token=token))
+        table = ok(thornctl("tokens", "list")).stdout
+        assert table.split()[:9] == ["NAME", "ROLE", "CREATED", "CREATED", "BY", "EXPIRES",
+                                     "LAST", "USED", "OLD"]  # fmt: skip
+        listed = tokens_by_name(thornctl)
+        expires = datetime.fromisoformat(listed["ci-ttl"]["expires_at"])
+        assert timedelta(days=2) - timedelta(minutes=1) < expires - datetime.now(UTC) <= \
+            timedelta(days=2)  # fmt: skip
+        # The service writes last uses in the background, every few seconds.
+        deadline = time.monotonic() + 15
+        while (used := listed["ci-ttl"]["last_used_at"]) is None:
+            assert time.monotonic() < deadline, "the token's last use was never written"
+            time.sleep(0.2)
+            listed = tokens_by_name(thornctl)
+        assert datetime.fromisoformat(used) <= datetime.now(UTC)
+    finally:
+        ok(thornctl("tokens", "revoke", "ci-ttl"))
+
+
+def test_rotate_prints_a_new_secret_and_the_old_one_works_for_the_overlap(
+    thornctl: Thornctl,
+) -> None:
+    old = secret_in(ok(thornctl("tokens", "create", "ci-rot", "--role", "operator")).stdout)
+    try:
+        rotated = ok(thornctl("tokens", "rotate", "ci-rot", "--overlap", "10m")).stdout
+        assert "Rotated token 'ci-rot': its old secret works until " in rotated
+        new = secret_in(rotated)
+        for secret in (old, new):
+            assert as_json(thornctl("-o", "json", "whoami", token=secret))["name"] == "ci-rot"
+        again = ok(thornctl("tokens", "rotate", "ci-rot", "--overlap", "0", token=new)).stdout
+        assert "its old secret stopped working now" in again
+        refused = thornctl("whoami", token=new)
+        assert refused.exit_code == 77
+        assert refused.stderr.strip() == "Error: invalid or revoked token"
+        assert ok(thornctl("whoami", token=secret_in(again))).stdout
+    finally:
+        ok(thornctl("tokens", "revoke", "ci-rot"))
+
+
+def test_token_options_given_wrong_exit_2_naming_the_option(thornctl: Thornctl) -> None:
+    for args, option in (
+        (["tokens", "create", "x", "--role", "viewer", "--ttl", "soon"], "--ttl"),
+        (["tokens", "create", "x", "--role", "viewer", "--ttl", "1d", "--expires-at",
+          "2030-01-01T00:00:00Z"], "--ttl"),
+        (["tokens", "rotate", "bootstrap-admin", "--overlap", "a while"], "--overlap"),
+    ):  # fmt: skip
+        result = thornctl(*args)
+        assert result.exit_code == 2 and option in result.stderr, result.stderr
+    too_short = thornctl("tokens", "create", "x", "--role", "viewer", "--ttl", "30s")
+    assert too_short.exit_code == 1
+    assert "ttl_seconds" in too_short.stderr and "60" in too_short.stderr
+
+
+def test_audit_shows_refused_authentications_with_their_client_and_outcome(
+    thornctl: Thornctl,
+) -> None:
+    assert thornctl("whoami", token=fixed_token("never-made")).exit_code == 77
+    deadline = time.monotonic() + 10  # written just after the answer, in the background
+    while not (denied := as_json(thornctl("-o", "json", "audit", "--action", "auth.",
+                                          "--outcome", "denied"))["items"]):  # fmt: skip
+        assert time.monotonic() < deadline, "no auth.failure entry"
+        time.sleep(0.2)
+    newest = denied[0]
+    assert (newest["action"], newest["actor"], newest["client"], newest["outcome"]) == (
+        "auth.failure", "anonymous", "127.0.0.1", "denied",
+    )  # fmt: skip
+    table = ok(thornctl("audit", "--action", "auth.", "--limit", "1")).stdout
+    assert table.split()[:9] == ["ID", "AT", "ACTOR", "CLIENT", "ACTION", "TARGET", "OUTCOME",
+                                 "REVISION", "DETAIL"]  # fmt: skip
+    assert re.search(r"anonymous\s+127\.0\.0\.1\s+auth\.failure", table)
+
+
+def test_too_many_failed_authentications_exit_75_with_the_wait(
+    thornctl: Thornctl, thorn_url: str, data_dir: Path, nats_url: str
+) -> None:
+    strict = Settings(upstreams=f"topology={thorn_url}", auth_failure_limit=2)
+    with serving("gateway", lambda _s, _b: gateway_app(strict), data_dir / "unused.db",
+                 nats_url, ready=lambda _status: True) as url:  # fmt: skip
+        for _ in range(2):
+            assert thornctl("whoami", url=url, token=fixed_token("guess")).exit_code == 77
+        held = thornctl("whoami", url=url)
+        assert held.exit_code == 75
+        expected = r"Error: too many failed authentications from 127\.0\.0\.1 \(2 within 60 s\)"
+        assert re.fullmatch(rf"{expected}: retry in \d+ s\n", held.stderr), held.stderr
+
+
 # --- errors: one line on stderr, a conventional exit code, never a traceback -----------------
 
 

@@ -704,6 +704,7 @@ def _expiry(body: TokenExpiry, now: datetime, keep: datetime | None = None) -> d
 async def create_token(principal: Admin, service: Service, request: TokenCreate) -> TokenCreated:
     """Create a token, for ever or until `expires_at` (or `ttl_seconds` from now); the secret
     is in this response only."""
+    _naming(principal, "token.create", request.name)
     expires_at = _expiry(request, datetime.now(UTC))
     secret = new_token()
     public = await service.store.add_token(
@@ -725,6 +726,7 @@ async def rotate_token(
     """A new secret for the token `name` (admin, or the token itself): the new secret is in
     this response only; the old one keeps working for `overlap_seconds` (default an hour),
     then stops. The token keeps its expiry unless `expires_at` or `ttl_seconds` is given."""
+    _naming(principal, "token.rotate", name)
     if principal.name != name and not principal.role.allows(TokenRole.admin):
         raise forbidden(
             http, principal, f"token '{principal.name}' may rotate only itself; an admin may "
@@ -756,12 +758,19 @@ async def rotate_token(
 async def delete_token(principal: Admin, service: Service, name: str) -> Response:
     """Revoke a token at once (both secrets, during a rotation's overlap); its next request
     gets 401."""
+    _naming(principal, "token.delete", name)
     if name == principal.name:
         raise FieldError(409, ["path", "name"], "a token cannot revoke itself", "conflict")
     if not await service.store.delete_token(name, principal.name, client=principal.client):
         raise NotFound(f"token '{name}' not found")
     _recorded(principal)
     return Response(status_code=204)
+
+
+def _naming(principal: Principal, action: str, target: str) -> None:
+    """Name this request's audit entry (a refusal's too, written by the audit trail)."""
+    if principal.audit is not None:
+        principal.audit.action, principal.audit.target = action, target
 
 
 def _recorded(principal: Principal) -> None:
