@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 import os
 import ssl
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from thorn.auth import TOKEN_FORMAT, TOKEN_PATTERN
@@ -252,7 +253,7 @@ class Settings(BaseSettings):
     def _token_shaped(cls, value: SecretStr | None) -> SecretStr | None:
         # Any other shape is refused unseen by the API (401), so it could never be used.
         if value is not None and not TOKEN_PATTERN.fullmatch(value.get_secret_value()):
-            raise ValueError(f"THORN_ADMIN_TOKEN must be {TOKEN_FORMAT}")
+            raise ValueError(f"must be {TOKEN_FORMAT}")
         return value
 
     @field_validator("trusted_proxies", "gateway_trusted_proxies")
@@ -268,6 +269,19 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"{item!r} is not an IP address or network") from None
         return ",".join(items)
+
+    @classmethod
+    def from_environment(cls, program: str) -> Settings:
+        """The settings; a bad one ends the process with one line per variable at fault
+        (`program: THORN_X: what is wrong`, never its value) and exit 78 (EX_CONFIG)."""
+        try:
+            return cls()
+        except ValidationError as exc:
+            for error in exc.errors(include_url=False, include_input=False):
+                name = f"THORN_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
+                reason = str(error["msg"]).removeprefix("Value error, ")
+                print(f"{program}: {name}: {reason}", file=sys.stderr)
+            raise SystemExit(os.EX_CONFIG) from None
 
     @classmethod
     def unknown_environment(cls) -> list[str]:

@@ -345,7 +345,7 @@ def local_tls(settings: Settings, data_dir: Path) -> local_ca.LocalCA:
 
 
 def main() -> None:
-    settings = Settings()
+    settings = Settings.from_environment("thorn-run")
     configure_logging(settings.log_level, "console")
     data_dir = settings.data_dir.resolve()
     logs = data_dir / "logs"

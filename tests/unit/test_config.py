@@ -27,3 +27,26 @@ def test_a_bad_value_is_refused_naming_the_setting(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("THORN_LOG_LEVEL", "loud")
     with pytest.raises(ValueError, match="log_level"):
         Settings()
+
+
+def test_a_process_with_bad_settings_exits_78_naming_each_variable_never_its_value(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("THORN_ADMIN_TOKEN", "thn_my-own-secret")  # not a token's shape
+    monkeypatch.setenv("THORN_TRUSTED_PROXIES", "10.0.0.1,gateway")
+    with pytest.raises(SystemExit) as exited:
+        Settings.from_environment("thorn-topology")
+    assert exited.value.code == 78
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "thorn-topology: THORN_ADMIN_TOKEN: must be 'thn_' and 43 characters of A-Z, a-z, 0-9, "
+        "'_', '-'",
+        "thorn-topology: THORN_TRUSTED_PROXIES: 'gateway' is not an IP address or network",
+    ]
+    assert "my-own-secret" not in err
+
+
+def test_trusted_proxies_are_normalised() -> None:
+    settings = Settings(trusted_proxies=" 10.1.2.3/16, ::1 ,*", gateway_trusted_proxies="")
+    assert settings.trusted_proxies == "10.1.0.0/16,::1,*"
+    assert settings.gateway_trusted_proxies == ""

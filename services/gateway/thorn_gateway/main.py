@@ -11,7 +11,7 @@ from thorn_gateway.app import create_app
 
 
 def main() -> None:
-    settings = Settings()
+    settings = Settings.from_environment("thorn-gateway")
     start_logging(settings)
     try:
         settings.upstream_urls  # noqa: B018 - a misconfiguration stops the start, named

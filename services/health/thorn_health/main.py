@@ -8,7 +8,7 @@ from thorn_health.app import create_app
 
 
 def main() -> None:
-    settings = Settings()
+    settings = Settings.from_environment("thorn-health")
     start_logging(settings)
     serve(create_app(settings), settings)
 

@@ -8,7 +8,7 @@ from thorn_pathcomp.app import create_app
 
 
 def main() -> None:
-    settings = Settings()
+    settings = Settings.from_environment("thorn-pathcomp")
     start_logging(settings)
     serve(create_app(settings), settings)
 

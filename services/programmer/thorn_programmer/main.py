@@ -8,7 +8,7 @@ from thorn_programmer.app import create_app
 
 
 def main() -> None:
-    settings = Settings()
+    settings = Settings.from_environment("thorn-programmer")
     start_logging(settings)
     # asyncio's own loop: uvloop cannot carry netlink sockets ("invalid family 16").
     serve(create_app(settings), settings, loop="asyncio")

@@ -8,7 +8,7 @@ from thorn_topology.app import create_app
 
 
 def main() -> None:
-    settings = Settings()
+    settings = Settings.from_environment("thorn-topology")
     start_logging(settings)
     serve(create_app(settings), settings)
 
