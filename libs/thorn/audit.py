@@ -27,13 +27,14 @@ import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from prometheus_client import Counter, Gauge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from thorn.events import utcnow
 from thorn.model import AuditOutcome
 from thorn.store.tokens import AuditRecord
 
@@ -265,10 +266,6 @@ def _detail(body: bytes) -> str | None:
         return None
     detail = parsed.get("detail") if isinstance(parsed, dict) else None
     return detail if isinstance(detail, str) else None
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 @asynccontextmanager
