@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 log = structlog.get_logger("thorn.audit")
 
 WRITE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+ANONYMOUS = "anonymous"  # the actor of a request whose token was not recognised
+SUMMARY_ACTOR = "audit"  # the actor of an entry that counts others (the queue was full)
+# Actors the log names that are no token: a token may not take one of these names.
+NOT_TOKENS = frozenset({ANONYMOUS, SUMMARY_ACTOR, "system", "cabling-check"})
 MAX_PENDING = 10_000  # entries queued before new ones are only counted
 MAX_SUMMARIES = 1_000  # (action, outcome, client) keys counted beyond that; more are dropped
 FLUSH_EVERY_S = 1.0
@@ -113,7 +117,7 @@ def entry_for(
     """The entry a request leaves (None: none, or the store wrote it with the write)."""
     if note.recorded:
         return None
-    actor = note.actor or "anonymous"
+    actor = note.actor or ANONYMOUS
     if status in (401, 403):
         action = "auth.failure" if status == 401 else "auth.forbidden"
         detail: dict[str, Any] = {"reason": note.denied or "refused", "status": status}
@@ -168,8 +172,9 @@ class AuditWriter:
         records = []
         for (action, outcome, client), count in self._summaries.items():
             detail = {"count": count, "summarised": True}
-            records.append(AuditRecord(at=at, actor="audit", action=action, target="(queue full)",
-                                       outcome=outcome, client=client, detail=detail))  # fmt: skip
+            records.append(AuditRecord(at=at, actor=SUMMARY_ACTOR, action=action,
+                                       target="(queue full)", outcome=outcome, client=client,
+                                       detail=detail))  # fmt: skip
         return records
 
     async def flush(self) -> None:

@@ -151,6 +151,13 @@ async def test_an_expiry_given_wrong_is_a_422_naming_the_field(
     ]
 
 
+async def test_a_token_may_not_take_a_name_the_audit_log_gives_others(api: Api) -> None:
+    for name in ("anonymous", "audit", "system", "cabling-check"):
+        refused = await api.call("POST", "/tokens", json={"name": name, "role": "viewer"})
+        assert refused.status_code == 422 and fields(refused) == [["body", "name"]]
+        assert "no token made" in detail(refused)
+
+
 # --- rotation --------------------------------------------------------------------------------
 
 

@@ -4,11 +4,12 @@ limit on failed authentications per client (a fake clock throughout)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from thorn.audit import AuditNote, entry_for
+from thorn.audit import AuditNote, AuditWriter, entry_for
 from thorn.auth import TokenUsage, new_token, refusal, well_formed
 from thorn.model import TokenRole
 from thorn.store.tokens import AuditRecord, TokenRecord
@@ -226,3 +227,55 @@ def test_the_least_recent_clients_are_forgotten_first_beyond_the_bound() -> None
     assert limiter.clients == 2
     assert limiter.retry_after("a", 1.0) is None
     assert limiter.retry_after("c", 1.0) == 59
+
+
+# --- the audit writer's queue ----------------------------------------------------------------
+
+
+class _Table:
+    """Stands in for the store's audit table: what `append_audit` was given, and whether it
+    fails (the database away)."""
+
+    def __init__(self) -> None:
+        self.rows: list[AuditRecord] = []
+        self.failing = False
+
+    async def append_audit(self, records: list[AuditRecord]) -> None:
+        if self.failing:
+            raise ConnectionError("the database is away")
+        self.rows.extend(records)
+
+
+def _denied(n: int) -> AuditRecord:
+    return AuditRecord(at=NOW, actor="anonymous", action="auth.failure", target=f"GET /{n}",
+                       outcome="denied", client="192.0.2.7")  # fmt: skip
+
+
+async def test_beyond_its_bound_the_queue_counts_entries_into_one_summary() -> None:
+    table = _Table()
+    writer = AuditWriter(table, max_pending=3, clock=lambda: NOW)  # type: ignore[arg-type]
+    for n in range(5):
+        writer.add(_denied(n))
+    assert writer.pending == 5
+    await writer.flush()
+    assert [r.target for r in table.rows] == ["GET /0", "GET /1", "GET /2", "(queue full)"]
+    summary = table.rows[-1]
+    assert (summary.actor, summary.action, summary.outcome, summary.client) == (
+        "audit", "auth.failure", "denied", "192.0.2.7",
+    )  # fmt: skip
+    assert summary.detail == {"count": 2, "summarised": True}
+    assert writer.pending == 0
+
+
+async def test_entries_a_failed_write_could_not_store_are_written_once_later() -> None:
+    table = _Table()
+    writer = AuditWriter(table, clock=lambda: NOW)  # type: ignore[arg-type]
+    writer.add(_denied(1))
+    table.failing = True
+    with pytest.raises(ConnectionError):
+        await writer.flush()
+    assert writer.pending == 1 and table.rows == []
+    table.failing = False
+    writer.add(_denied(2))
+    await asyncio.gather(writer.flush(), writer.flush())  # two flushes at once write each once
+    assert [r.target for r in table.rows] == ["GET /1", "GET /2"]

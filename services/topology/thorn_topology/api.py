@@ -12,6 +12,7 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field, WithJsonSchema
 
 from thorn import generators
+from thorn.audit import NOT_TOKENS
 from thorn.auth import (
     BOOTSTRAP_TOKEN_NAME,
     Admin,
@@ -705,6 +706,9 @@ async def create_token(principal: Admin, service: Service, request: TokenCreate)
     """Create a token, for ever or until `expires_at` (or `ttl_seconds` from now); the secret
     is in this response only."""
     _naming(principal, "token.create", request.name)
+    if request.name in NOT_TOKENS:
+        msg = f"'{request.name}' names entries of the audit log that no token made"
+        raise FieldError(422, ["body", "name"], msg, "reserved")
     expires_at = _expiry(request, datetime.now(UTC))
     secret = new_token()
     public = await service.store.add_token(
