@@ -65,6 +65,18 @@ class Settings(BaseSettings):
         "their clients; with THORN_NATS_KEY",
     )  # fmt: skip
     nats_key: Path | None = Field(None, description="NATS over TLS: THORN_NATS_CERT's key (PEM)")
+    nats_creds: Path | None = Field(
+        None,
+        description="this process's NATS identity: a .creds file (user JWT and seed, 0600; "
+        "docs/operations.md 'Bus identities'); the programmer serving a lab: a directory of "
+        "<node>.creds; unset: connect without credentials (a server without auth)",
+    )
+    nats_issuer_seed: Path | None = Field(
+        None,
+        description="topology: the THORN account's signing key seeds (issuer.seeds, 0600: one "
+        "per line, the current first), with which it issues and renews agents' NATS "
+        "credentials; needs THORN_NATS_CREDS; unset: it issues none",
+    )
     admin_token: SecretStr | None = Field(
         None,
         description="bootstrap admin bearer token: 'thn_' and 43 characters of A-Z, a-z, 0-9, "
@@ -242,7 +254,7 @@ class Settings(BaseSettings):
     )
 
     @field_validator("nats_ca", "nats_cert", "nats_key", "tls_cert", "tls_key", "tls_ca",
-                     mode="before")  # fmt: skip
+                     "nats_creds", "nats_issuer_seed", mode="before")  # fmt: skip
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         # Set but empty (a compose ${VAR:-}) is unset, not the current directory.

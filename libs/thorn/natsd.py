@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -147,7 +148,10 @@ class EmbeddedNats(_Started):
     terminal's Ctrl-C reaches only the parent, which stops it in its own time. `tls`: clients
     must speak TLS (with a client certificate if it says `verify_clients`); `route_tls`: so
     must the routes of a cluster (`extra_args` gives the cluster). Both go to a configuration
-    file, `nats-server.conf` in the log directory.
+    file, `nats-server.conf` in the log directory. `auth`: operator mode, the lines of
+    thorn.natsauth's nats-auth.conf (read at each start and `reload()`): only THORN's
+    identities may connect, and the server logs at debug level, so the reason it refused a
+    connection (an expired JWT) is in its log.
     """
 
     def __init__(
@@ -164,10 +168,12 @@ class EmbeddedNats(_Started):
         new_session: bool = False,
         tls: NatsServerTls | None = None,
         route_tls: NatsServerTls | None = None,
+        auth: Path | None = None,
     ) -> None:
         self.host = host
         self.tls = tls
         self.route_tls = route_tls
+        self.auth = auth
         self._requested_port = port
         self._port: int | None = port
         self._binary = Path(binary) if binary is not None else None
@@ -374,7 +380,20 @@ class EmbeddedNats(_Started):
             blocks.append(self.tls.block(verify=self.tls.verify_clients))
         if self.route_tls is not None:
             blocks.append("cluster {\n" + self.route_tls.block(verify=True) + "}\n")
+        if self.auth is not None:
+            try:
+                blocks.append(self.auth.read_text() + "debug: true\n")
+            except OSError as exc:
+                raise NatsServerError(f"cannot read {self.auth}: {exc.strerror}") from None
         return "".join(blocks)
+
+    def reload(self) -> None:
+        """Write the configuration again (a changed `auth` file: a revocation, a new signing
+        key) and have the running server reload it (SIGHUP); its clients stay connected."""
+        if self._proc is None or self._proc.poll() is not None or self._log_dir is None:
+            raise NatsServerError("the embedded nats-server is not running")
+        (self._log_dir / "nats-server.conf").write_text(self._config())
+        self._proc.send_signal(signal.SIGHUP)
 
     def _exited_check(self) -> None:
         if self._proc is not None and self._proc.poll() is not None:
@@ -446,6 +465,7 @@ class NatsCluster(_Started):
     server is in the JetStream meta group with a leader known and its streams current.
     With `tls` (its `ca` required) clients and routes speak TLS, every route verified against
     the CA; the monitoring port stays plain HTTP on loopback.
+    With `auth` (operator mode, see `EmbeddedNats`) every server trusts THORN's operator.
     """
 
     def __init__(
@@ -458,12 +478,14 @@ class NatsCluster(_Started):
         startup_timeout: float = 30.0,
         binary: str | os.PathLike[str] | None = None,
         tls: NatsServerTls | None = None,
+        auth: Path | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"a cluster has at least one server, not {size}")
         if tls is not None and tls.ca is None:
             raise ValueError("a cluster's routes verify each other: NatsServerTls needs its ca")
         self.tls = tls
+        self.auth = auth
         self.size = size
         self.name = name
         self.host = host
@@ -607,7 +629,7 @@ class NatsCluster(_Started):
             server = EmbeddedNats(
                 port=client_ports[index], store_dir=home / "store", host=self.host,
                 binary=self._binary, startup_timeout=self.startup_timeout, extra_args=args,
-                log_dir=home, tls=self.tls, route_tls=self.tls,
+                log_dir=home, tls=self.tls, route_tls=self.tls, auth=self.auth,
             )  # fmt: skip
             self.servers.append(server)
             server.start()  # accepts clients at once; JetStream waits for its peers

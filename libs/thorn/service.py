@@ -38,7 +38,7 @@ async def open_store_and_bus(
     if bus is None:
         bus = await Bus.connect(
             settings.nats_url, name=f"thorn-{name}", replicas=settings.nats_replicas,
-            tls=settings.nats_tls,
+            tls=settings.nats_tls, creds=settings.nats_creds,
         )  # fmt: skip
         stack.push_async_callback(bus.close)
         await bus.ensure_streams()

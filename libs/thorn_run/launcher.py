@@ -54,6 +54,7 @@ from thorn.proc import die_with_parent
 from thorn.supervisor import Restart, Supervisor
 from thorn.telemetry import configure_logging
 from thorn.tls import client_context
+from thorn_run.identities import AUTH_VARIABLES, Identities
 
 console = Console()
 STOP_TIMEOUT = 10.0
@@ -70,6 +71,8 @@ LOG_TAIL_LINES = 5
 # services listen on loopback behind the entry point, and the embedded NATS is its own.
 TLS_VARIABLES = ("THORN_TLS_CERT", "THORN_TLS_KEY", "THORN_NATS_CA", "THORN_NATS_CERT",
                  "THORN_NATS_KEY")  # fmt: skip
+# So are the NATS identities: every child gets its own (thorn_run.identities).
+CHOSEN_VARIABLES = (*TLS_VARIABLES, *AUTH_VARIABLES)
 
 
 class Supervised(Protocol):
@@ -296,14 +299,16 @@ def _stop(children: list[Child]) -> None:
 
 def write_run_file(
     path: Path, children: list[Child], nats: EmbeddedNats, lab: str | None,
-    ca: Path | None = None,
+    ca: Path | None = None, nats_creds: Path | None = None,
 ) -> None:  # fmt: skip
     """What is running where, as JSON (written whole, then renamed: never seen half); `ca`:
-    the local CA that the API's and NATS's certificates are verified with (THORN_TLS=local)."""
+    the local CA that the API's and NATS's certificates are verified with (THORN_TLS=local);
+    `nats_creds`: the admin's NATS identity (a tool connects with it)."""
     run = {
         "pid": os.getpid(),
         "api": next((c.url for c in children if c.name == "gateway"), children[0].url),
         "nats": nats.url,
+        "nats_creds": str(nats_creds) if nats_creds is not None else None,
         "ca": str(ca) if ca is not None else None,
         "lab": lab,
         "services": {c.name: {"url": c.url, "log": str(c.log)} for c in children},
@@ -368,15 +373,18 @@ def main() -> None:
             with console.status("making the local CA and certificates"):
                 tls = local_tls(settings, data_dir)
         https = settings.https if tls is None else None  # the admin's own files, checked
+        with console.status("issuing NATS identities"):
+            identities = Identities.provision(data_dir)  # every client needs one: operator mode
         with console.status("starting nats-server (JetStream)"):
             # Its own session: Ctrl-C reaches the launcher only, which stops NATS last, after
             # the services; its log is kept with theirs.
             nats = EmbeddedNats(store_dir=data_dir / "nats", log_dir=logs, new_session=True,
-                                tls=NatsServerTls(tls.cert, tls.key) if tls else None)  # fmt: skip
+                                tls=NatsServerTls(tls.cert, tls.key) if tls else None,
+                                auth=identities.server_config)  # fmt: skip
             nats_started = time.monotonic()
             nats.start()
         env = {
-            **{k: v for k, v in os.environ.items() if k not in TLS_VARIABLES},
+            **{k: v for k, v in os.environ.items() if k not in CHOSEN_VARIABLES},
             **({"THORN_NATS_CA": str(tls.ca)} if tls else {}),
             "THORN_NATS_URL": nats.url,
             "THORN_ADMIN_TOKEN": token,
@@ -390,7 +398,7 @@ def main() -> None:
         for service, count in replicas.items():
             for name in replica_names(service, count):
                 with console.status(f"starting {name}"):
-                    child = _spawn(name, free_port(), env, logs)
+                    child = _spawn(name, free_port(), {**env, **identities.env(service)}, logs)
                     children.append(child)
                     _wait_ready(child, time.monotonic() + settings.start_timeout_s)
         upstreams = ",".join(f"{c.service}={c.url}" for c in children)
@@ -410,7 +418,8 @@ def main() -> None:
             lab_prefix = settings.lab or "thorn"
             # Taken down on every way out from here on, a failed start included.
             lab_built = lab_prefix if os.geteuid() == 0 else None
-            lab_note = _emulated_fabric(children, env, logs, token, lab_prefix, settings)
+            lab_note = _emulated_fabric(children, env, logs, token, lab_prefix, settings,
+                                        identities)  # fmt: skip
         _report(
             children,
             nats,
@@ -420,8 +429,10 @@ def main() -> None:
             lab_note,
             bfd_note(settings) if lab_built is not None else None,
             tls.ca if tls else None,
+            identities.admin,
         )
-        write_run_file(data_dir / RUN_FILE, children, nats, lab_built, tls.ca if tls else None)
+        write_run_file(data_dir / RUN_FILE, children, nats, lab_built, tls.ca if tls else None,
+                       identities.admin)  # fmt: skip
         supervisor = Supervisor()
         procs: list[Supervised] = [
             NatsChild(nats, logs / "nats-server.log", nats_started),
@@ -490,13 +501,16 @@ def _emulated_fabric(
     token: str,
     prefix: str,
     settings: Settings,
+    identities: Identities,
 ) -> str:
-    """Build the store's fabric as lab `prefix` and start the programmer for all its nodes.
-    Returns a line for the summary (what was built, or why not)."""
+    """Build the store's fabric as lab `prefix` and start the programmer for all its nodes,
+    each node with its own NATS identity. Returns a line for the summary (what was built,
+    or why not)."""
     if os.geteuid() != 0:
         return "not built: network namespaces need root (THORN_EMULATED_FABRIC=0 hides this)"
     from thorn.model import FabricDocument
     from thorn_lab import build
+    from thorn_lab.handle import Lab
 
     with console.status(f"building the emulated fabric (lab {prefix})"):
         exported = httpx.get(
@@ -508,14 +522,13 @@ def _emulated_fabric(
         result = build.up(doc, prefix, replace=True)
     interval = lab_bfd_interval_ms(settings)
     peers = lab_bfd_peers(settings)
+    nodes = sorted(Lab.open(prefix).namespaces())
     lab_env = {**env, "THORN_BFD_INTERVAL_MS": str(interval), "THORN_LAB": prefix,
-               "THORN_BFD_PEERS": str(peers)}  # fmt: skip
+               "THORN_BFD_PEERS": str(peers),
+               "THORN_NATS_CREDS": str(identities.agents(doc, nodes))}  # fmt: skip
     if settings.lab_agents == "per-node":
         # One programmer process per lab node, as production runs one per node: each node
         # flips, reconciles and runs BFD on its own, in parallel with the others.
-        from thorn_lab.handle import Lab
-
-        nodes = sorted(Lab.open(prefix).namespaces())
         with console.status(f"starting programmer ({len(nodes)} processes, one per lab node)"):
             spawned = [
                 _spawn(f"programmer@{node}", free_port(), {**lab_env, "THORN_NODE_NAME": node},
@@ -546,6 +559,7 @@ def _report(
     lab_note: str,
     bfd: str | None,
     ca: Path | None = None,
+    nats_admin: Path | None = None,
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     entry = next(c for c in children if c.name == "gateway")
@@ -561,7 +575,8 @@ def _report(
             "programmer",
             f"{len(per_node)} processes, one per lab node  logs: {logs}/programmer@<node>.log",
         )
-    table.add_row("NATS", nats.url + (" (TLS only)" if ca else ""))
+    table.add_row("NATS", nats.url + (" (TLS only)" if ca else "")
+                  + ("; every client needs credentials" if nats_admin else ""))  # fmt: skip
     if ca is not None:
         table.add_row(
             "TLS",
@@ -585,4 +600,12 @@ def _report(
         )
     else:
         console.print(f"Admin token: $THORN_ADMIN_TOKEN or {data_dir}/admin-token")
+    if nats_admin is not None:  # one line, however narrow the terminal: easy to copy
+        tls_flag = f" --tlsca {ca}" if ca else ""
+        console.print(
+            f"NATS as the admin: nats --server {nats.url} --creds {nats_admin}{tls_flag} stream "
+            f"ls (a THORN process: THORN_NATS_CREDS={nats_admin}; docs/operations.md, 'Bus "
+            "identities')",
+            soft_wrap=True,
+        )
     console.print("A child that exits is started again. Press Ctrl-C to stop.")

@@ -34,6 +34,8 @@ Commands
     failovers budget       each tenant's RC budget against its recent failovers (p50, p99)
     tenants list|show|budget   tenants and the NCCL_IB_TIMEOUT / NCCL_IB_RETRY_CNT of their jobs
     tokens list|create|revoke, audit
+    bus creds NODE         NATS credentials for a node's agent (admin), to a file (0600)
+    bus init|revoke|rotate DIR   a deployment's NATS trust material, on this machine
     lab up|down|status|fail|restore|traffic   the fabric lab in namespaces (docs/lab.md)
     rdma probe|serve       an RC queue pair between two workloads, with NCCL's QP settings
 
@@ -63,6 +65,7 @@ import typer
 from typer.core import TyperGroup
 
 from thornctl import elements, fabric, registrations, tokens
+from thornctl.bus import bus_app
 from thornctl.context import DEFAULT_TIMEOUT, DEFAULT_URL, State, state_of, verify_with
 from thornctl.elements import links_app, nodes_app
 from thornctl.errors import CliError
@@ -123,6 +126,7 @@ app.add_typer(links_app, name="links")
 app.add_typer(nodes_app, name="node", hidden=True)  # `thornctl node drain NAME` reads well too
 app.add_typer(links_app, name="link", hidden=True)
 app.add_typer(tokens_app, name="tokens")
+app.add_typer(bus_app, name="bus")
 app.add_typer(tenants_app, name="tenants")
 app.add_typer(tenants_app, name="tenant", hidden=True)
 app.add_typer(failovers_app, name="failovers")

@@ -51,8 +51,9 @@ class Stamps:
         self.events: dict[int, float] = {}
         self.writes: list[tuple[float, str]] = []
 
-    async def follow(self, url: str) -> Any:
-        nc = await nats.connect(url, name="bench-topology-change")
+    async def follow(self, url: str, creds: Path | None) -> Any:
+        options = {"user_credentials": str(creds)} if creds is not None else {}
+        nc = await nats.connect(url, name="bench-topology-change", **options)
 
         async def on_event(msg: Any) -> None:
             self.events[int(json.loads(msg.data)["revision"])] = time.monotonic()
@@ -120,7 +121,7 @@ Row = tuple[str, float, int]
 
 async def measure(stack: Stack, k: int) -> list[Row]:
     stamps = Stamps()
-    nc = await stamps.follow(stack.run["nats"])
+    nc = await stamps.follow(stack.run["nats"], stack.nats_creds)
     headers = {"Authorization": f"Bearer {stack.admin}"}
     rows: list[Row] = []
     try:

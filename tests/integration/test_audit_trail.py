@@ -19,6 +19,8 @@ from fixed_tokens import fixed_token
 from serving import serving, serving_services, upstreams_of
 
 from thorn.config import Settings
+from thorn.natsauth import permissions
+from thorn.natsauth.files import AuthDir
 from thorn_gateway.app import create_app as gateway_app
 
 ADMIN = fixed_token("audit-trail-admin")
@@ -73,6 +75,8 @@ STEPS = [
          path=f"{V1}/nodes/audit-sw/ports/swp2", json={"speed_mbps": 100_000}),
     Step("POST", f"{V1}/nodes", "node.create",
          json={"name": "audit-h", "role": "host", "ports": [{"name": "eth0"}]}),
+    Step("POST", f"{V1}/nodes/{{name}}/credentials", "node.credentials",
+         path=f"{V1}/nodes/audit-h/credentials"),
     Step("POST", f"{V1}/links", "link.create", json={"a": "audit-sw:swp1", "b": "audit-h:eth0"},
          after=_keep_link),
     Step("PATCH", f"{V1}/links/{{link_id}}", "link.update", path=f"{V1}/links/{{link}}",
@@ -115,7 +119,12 @@ STEPS = [
 @pytest.fixture(scope="module")
 def one_url(tmp_path_factory: pytest.TempPathFactory, nats_url: str) -> Iterator[str]:
     data = tmp_path_factory.mktemp("audit-trail")
-    settings = Settings(admin_token=ADMIN, data_dir=data)
+    # Topology issues agents' NATS credentials (POST /nodes/{name}/credentials) with a signing
+    # key of its own trust material; its connection stays the test server's, without auth.
+    auth = AuthDir.open(data / "nats-auth")
+    own = auth.write_creds(permissions.topology(), now=time.time(), lifetime=3600, name="topo")
+    settings = Settings(admin_token=ADMIN, data_dir=data, nats_issuer_seed=auth.issuer_seeds,
+                        nats_creds=own)  # fmt: skip
     with serving_services(settings, data / "thorn.db", nats_url) as urls:
         # Failures are what this test makes: no limit gets in its way.
         entry = Settings(upstreams=upstreams_of(urls), auth_failure_limit=10_000)

@@ -5,6 +5,7 @@ doing their work under theirs. The permission sets themselves: tests/unit/test_n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -273,3 +274,213 @@ def test_a_server_refusing_everyone_still_starts(tmp_path: Path) -> None:
         pytest.fail(str(exc))
     finally:
         auth.server.stop()
+
+
+# --- an agent at work -------------------------------------------------------------------------
+
+
+async def test_an_agent_programs_its_node_and_flips_under_its_own_permissions(
+    server: AuthServer,
+) -> None:
+    """The programmer's own NodeAgent and Reporter (over a null datapath) on the node's own
+    connection: its document and its VNI's are read, its applied report and its failover
+    event go out, pathcomp's flip comes in, and the server refuses nothing it asks."""
+    from sim_agents import SimulatedAgent
+
+    from thorn.desired import HostState, LocalWorkload, VniMember, VniState
+    from thorn.events import DatapathApplied, FailoverEvent, FlipCommand
+    from thorn_programmer.kernel import TunnelAction
+
+    vni = 4242
+    members = [VniMember(name=f"w{n}", mac=f"06:00:00:00:01:0{n}", ip=f"100.64.1.{n}",
+                         host=f"hostw{n}", red=f"10.224.1.{n}", blue=f"10.240.1.{n}")
+               for n in (1, 2)]  # fmt: skip
+    state = HostState(
+        node="hostw1", plan_revision=1, topology_revision=1,
+        teps={"red": "10.224.1.1", "blue": "10.240.1.1"}, routes=[],
+        local=[LocalWorkload(name="w1", vni=vni, vf="vf0", mac="06:00:00:00:01:01",
+                             ip="100.64.1.1")],
+        vnis=[vni], blue_peers=[],
+    )  # fmt: skip
+    async with (
+        server.client(permissions.pathcomp(), requests_within=5.0) as pathcomp,
+        server.client(permissions.admin(), requests_within=5.0) as admin,
+        server.client(permissions.agent("hostw1", [vni]), requests_within=5.0) as agent,
+    ):
+        applied = await admin.nc.subscribe("agent.applied.hostw1")
+        failovers = await admin.nc.subscribe("failover.hostw1")
+        kv = await pathcomp.bus.desired_state()
+        await kv.put(vni_key(vni, 0), VniState(vni=vni, chunk=0, chunks=1, topology_revision=1,
+                                               members=members))  # fmt: skip
+        revision = await kv.put(node_key("hostw1"), state)
+        sim = SimulatedAgent("hostw1", ["eth1"], agent.bus, report_seconds=60)
+        await sim.start()
+        try:
+            async with asyncio.timeout(15):
+                while True:  # applied with its VNI's peer: a tunnel toward hostw2
+                    done = DatapathApplied.model_validate_json((await applied.next_msg(15)).data)
+                    installed = sim.datapath.installed.values() if sim.datapath else ()
+                    if done.key_revision == revision and any(
+                        isinstance(o, TunnelAction) and o.peer == "hostw2" for o in installed
+                    ):
+                        break
+            await pathcomp.bus.publish(FlipCommand(node="hostw1", peers=["hostw2"],
+                                                   colour="blue", element="link 7",
+                                                   plan_revision=2))  # fmt: skip
+            event = FailoverEvent.model_validate_json((await failovers.next_msg(15)).data)
+            assert (event.tier, event.peers, event.to_colour) == ("central", ["hostw2"], "blue")
+        finally:
+            await sim.stop()
+        assert not agent.errors, agent.errors
+
+
+# --- how THORN's processes connect ------------------------------------------------------------
+
+
+async def test_the_bus_connects_with_a_creds_file_and_receives_in_its_own_inbox(
+    server: AuthServer,
+) -> None:
+    """Bus.connect(creds=) as the services and agents do: a JetStream request's reply comes
+    to the identity's inbox (the default `_INBOX` one would be refused to it)."""
+    from thorn.bus import Bus
+
+    creds = server.creds(permissions.agent("leaf1"))
+    async with await Bus.connect(server.url, name="test", creds=creds) as bus:
+        kv = await bus.desired_state(create=False)
+        assert kv.bucket == "thorn-desired-state"
+
+
+async def test_credentials_that_cannot_be_read_are_named(
+    server: AuthServer, tmp_path: Path
+) -> None:
+    from thorn.bus import Bus, BusConnectError
+
+    with pytest.raises(BusConnectError, match=r"nope\.creds: cannot read it"):
+        await Bus.connect(server.url, name="test", creds=tmp_path / "nope.creds")
+    (tmp_path / "bad.creds").write_text("not a creds file")
+    with pytest.raises(BusConnectError, match=r"bad\.creds: creds file has no user JWT"):
+        await Bus.connect(server.url, name="test", creds=tmp_path / "bad.creds")
+
+
+# --- rotation without downtime ----------------------------------------------------------------
+
+
+async def connected(nc: nats.aio.client.Client, within: float = 2.0) -> bool:
+    """Whether the server still serves this client (a round trip, bounded)."""
+    try:
+        await nc.flush(timeout=within)
+    except (nats.errors.Error, TimeoutError):
+        return False
+    return nc.is_connected
+
+
+async def test_signing_keys_rotate_without_dropping_anyone_and_revoked_keys_are_cut_off(
+    tmp_path: Path,
+) -> None:
+    """What `thornctl bus rotate` and `revoke` do, each followed by a reload (SIGHUP): a new
+    signing key is trusted beside the old one, so connected clients stay and both kinds of
+    users connect; once the old key is retired, its users are refused and dropped (so retire
+    after reissuing); a revoked key is refused and its connection dropped at the reload."""
+    auth = AuthServer(tmp_path)
+    await auth.server.astart()
+    opts = {"allow_reconnect": False, "connect_timeout": 2}
+    try:
+        old_creds = auth.creds(permissions.health())
+        old = await nats.connect(auth.url, user_credentials=str(old_creds), **opts)
+        auth.auth = auth.auth.rotate_signing_key()
+        auth.auth.write_server_config(now=time.time())
+        auth.server.reload()
+        await asyncio.sleep(0.3)
+        assert await connected(old), "a client of the old signing key was dropped by a rotation"
+        new_creds = auth.creds(permissions.topology())
+        new = await nats.connect(auth.url, user_credentials=str(new_creds), **opts)
+        again = await nats.connect(auth.url, user_credentials=str(old_creds), **opts)
+        await again.close()
+
+        auth.auth = auth.auth.retire_previous_signing_key()
+        auth.auth.write_server_config(now=time.time())
+        auth.server.reload()
+        await asyncio.sleep(0.5)
+        assert await connected(new)
+        assert not await connected(old)
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(auth.url, user_credentials=str(old_creds), **opts)
+
+        from thorn.natsauth.jwt import read_creds
+
+        _, user = read_creds(new_creds.read_text())
+        auth.auth = auth.auth.revoke(user.public, at=time.time() + 1)
+        auth.auth.write_server_config(now=time.time())
+        auth.server.reload()
+        await asyncio.sleep(0.5)
+        assert not await connected(new)
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            await nats.connect(auth.url, user_credentials=str(new_creds), **opts)
+        for nc in (old, new):
+            with contextlib.suppress(nats.errors.Error):
+                await nc.close()
+    finally:
+        await auth.server.astop()
+
+
+async def watches_of(admin: Client, key: str) -> set[str]:
+    """The names of the consumers watching `key` of the desired-state bucket."""
+    wanted = f"$KV.thorn-desired-state.{key}"
+    found = await admin.bus.js.consumers_info(DESIRED_STREAM)
+    return {c.name for c in found if c.config.filter_subject == wanted and c.name}
+
+
+async def test_a_watch_whose_consumer_is_lost_comes_back_under_a_new_name(
+    server: AuthServer,
+) -> None:
+    """An agent's watch outlives its consumer (a server restart, a delete): nats-py's ordered
+    consumer notices the missing heartbeats and creates it again, which the agent's
+    permissions allow only because it names its filter again, under a fresh name."""
+    async with (
+        server.client(permissions.admin(), requests_within=5.0) as admin,
+        server.client(permissions.pathcomp(), requests_within=5.0) as pathcomp,
+        server.client(permissions.agent("leaf9"), requests_within=5.0) as agent,
+    ):
+        writer = await pathcomp.bus.desired_state()
+        await writer.put(node_key("leaf9"), b'{"v": 1}')
+        kv = await agent.bus.desired_state(create=False)
+        async with kv.watch(node_key("leaf9")) as watch:
+            async with asyncio.timeout(5):
+                first = await anext(watch)
+            assert isinstance(first, DesiredStateEntry) and first.value == b'{"v": 1}'
+            (lost,) = await watches_of(admin, node_key("leaf9"))
+            await admin.bus.js.delete_consumer(DESIRED_STREAM, lost)
+            await writer.put(node_key("leaf9"), b'{"v": 2}')
+            async with asyncio.timeout(30):  # two missed heartbeats (5 s each), then again
+                while True:
+                    item = await anext(watch)
+                    if isinstance(item, DesiredStateEntry) and item.value == b'{"v": 2}':
+                        break
+            again = await watches_of(admin, node_key("leaf9"))
+            assert again and lost not in again
+        assert not agent.errors, agent.errors
+
+
+def test_a_cluster_trusts_the_operator_on_every_server(tmp_path: Path) -> None:
+    """NatsCluster(auth=): three servers in operator mode form one JetStream cluster (the
+    system account carries their traffic) and hold a service's R3 streams."""
+    from thorn.bus import Bus
+    from thorn.natsauth.files import AuthDir
+    from thorn.natsd import NatsCluster
+
+    auth = AuthDir.open(tmp_path / "auth")
+    auth.write_server_config(now=time.time())
+    creds = auth.write_creds(permissions.pathcomp(), now=time.time(), lifetime=600, name="pc")
+
+    async def work(url: str) -> int:
+        async with await Bus.connect(url, name="test", creds=creds, replicas=3) as bus:
+            await bus.ensure_streams()
+            kv = await bus.desired_state()
+            return await kv.put(node_key("leaf1"), b"{}")
+
+    with NatsCluster(3, base_dir=tmp_path / "cluster", auth=auth.server_config) as cluster:
+        assert asyncio.run(work(cluster.url)) == 1
+        desired = cluster.streams(0)[DESIRED_STREAM]["cluster"]
+        assert len(desired["replicas"]) == 2 and desired["leader"]  # three copies in all
+        with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+            asyncio.run(nats.connect(cluster.urls[1], allow_reconnect=False, connect_timeout=2))

@@ -100,7 +100,8 @@ async def http(stack: Replicas) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest_asyncio.fixture
 async def bus(stack: Replicas) -> AsyncIterator[Bus]:
-    async with await Bus.connect(stack.nats, name="test-replicas") as connected:
+    creds = stack.stack.nats_creds
+    async with await Bus.connect(stack.nats, name="test-replicas", creds=creds) as connected:
         yield connected
 
 

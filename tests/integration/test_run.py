@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import nats
+import nats.errors
 from fixed_tokens import fixed_token
 from launched import children_of, cmdline, listen_port
 
@@ -36,6 +37,28 @@ def wait_for(url: str, token: str, deadline: float) -> httpx.Response:
             pass
         time.sleep(0.2)
     raise AssertionError(f"{url} did not serve a loaded fabric in time")
+
+
+async def anonymous_refused(url: str) -> bool:
+    try:
+        nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+    except nats.errors.Error as exc:
+        return "Authorization Violation" in str(exc)
+    await nc.close()
+    return False
+
+
+def agents_applied(programmer: str, nodes: int, deadline: float) -> None:
+    """Wait until each of the lab's `nodes` agents has reconciled its node without error."""
+    status: list[dict[str, object]] = []
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            status = httpx.get(f"{programmer}/status", timeout=5).json()
+            done = [a for a in status if a["reconciles"] and not a["last_errors"]]
+            if len(done) == nodes:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"not every agent applied its desired state: {status}")
 
 
 def netns_names() -> list[str]:
@@ -76,6 +99,12 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
         running = json.loads(run_file.read_text())
         assert running["api"] == f"http://127.0.0.1:{port}"
         assert running["nats"].startswith("nats://127.0.0.1:")
+        # NATS in operator mode: no anonymous client; the admin's creds printed and in run.json
+        admin_creds = tmp_path / "nats-auth" / "creds" / "admin.creds"
+        assert running["nats_creds"] == str(admin_creds)
+        assert oct(admin_creds.stat().st_mode & 0o777) == "0o600"
+        assert asyncio.run(anonymous_refused(running["nats"]))
+        assert asyncio.run(topology_stream(running["nats"], admin_creds))[1] >= 1
         assert {"topology", "health", "pathcomp", "gateway"} <= running["services"].keys()
         # One URL: every service's API answers on the well-known port.
         for path in ("/api/v1/plan", "/api/v1/health/links", "/api/v1/nodes"):
@@ -85,6 +114,8 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
         health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=10).json()
         assert {"topology", "health", "pathcomp"} <= health["services"].keys()
         assert running["lab"] == (lab if os.geteuid() == 0 else None)
+        if os.geteuid() == 0:  # every lab node's agent programmed its node as itself
+            agents_applied(running["services"]["programmer"]["url"], 22, deadline)
         run.send_signal(signal.SIGINT)
         output, _ = run.communicate(timeout=STOP)
     finally:
@@ -95,6 +126,13 @@ def test_thorn_run_serves_a_generated_fabric_and_stops_cleanly_on_ctrl_c(tmp_pat
     assert run.returncode == 0, text
     assert token in text  # the generated admin token is printed on the run that made it
     assert "THORN stopped cleanly." in text
+    assert f"--creds {tmp_path / 'nats-auth' / 'creds' / 'admin.creds'} stream ls" in text
+    # Normal work under least privilege: the server refused nothing any THORN process asked
+    # (it logs a refusal as "Publish Violation" or "Subscription Violation").
+    nats_log = (tmp_path / "logs" / "nats-server.log").read_text(errors="replace")
+    refused = [line for line in nats_log.splitlines() if "Violation - " in line]
+    assert refused == [], refused[:5]
+    assert "Authenticated JWT" in nats_log  # the log is the one of an operator-mode server
     assert not (tmp_path / "run.json").exists()
     assert not any(Path(f"/proc/{pid}").exists() for pid in services)
     assert not any(name.startswith(f"{lab}-") for name in netns_names()), "the lab is down"
@@ -192,9 +230,10 @@ def back_again(launcher_pid: int, role: str, old_pid: int, ready: Callable[[int]
     raise AssertionError(f"{role} did not come back within {RESTART:.0f} s")
 
 
-async def topology_stream(url: str) -> tuple[int, int, dict[str, object]]:
+async def topology_stream(url: str, creds: Path) -> tuple[int, int, dict[str, object]]:
     """THORN_TOPOLOGY's first sequence, message count and last topology.changed event."""
-    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0)
+    nc = await nats.connect(url, connect_timeout=2, max_reconnect_attempts=0,
+                            user_credentials=str(creds))  # fmt: skip
     try:
         js = nc.jetstream()
         info = await js.stream_info("THORN_TOPOLOGY")
@@ -237,7 +276,8 @@ def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_pat
         old_nats = roles["nats-server"]
         old_port = nats_port(old_nats)
         url = f"nats://127.0.0.1:{old_port}"
-        first_seq, messages, _ = asyncio.run(topology_stream(url))
+        admin = tmp_path / "nats-auth" / "creds" / "admin.creds"
+        first_seq, messages, _ = asyncio.run(topology_stream(url, admin))
         assert messages >= 1  # the seeded fabric's topology.changed
         killed_at = time.monotonic()
         os.kill(old_nats, signal.SIGKILL)
@@ -259,7 +299,7 @@ def test_thorn_run_restarts_killed_services_and_nats_and_leaves_the_rest(tmp_pat
         deadline = time.monotonic() + RESTART
         while True:
             with contextlib.suppress(Exception):  # JetStream may still be recovering its store
-                now_first, now_messages, last = asyncio.run(topology_stream(url))
+                now_first, now_messages, last = asyncio.run(topology_stream(url, admin))
                 if last.get("revision") == revision:
                     break
             assert time.monotonic() < deadline, "topology.changed never reached the new server"

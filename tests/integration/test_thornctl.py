@@ -46,6 +46,9 @@ from thorn.events import (
     new_trace_id,
     utcnow,
 )
+from thorn.natsauth import permissions
+from thorn.natsauth.files import AuthDir
+from thorn.natsauth.jwt import decode, read_creds
 from thorn.observed import HeardNeighbour, NodeObservation, ObservedPort
 from thorn_gateway.app import create_app as gateway_app
 from thorn_health.app import create_app as health_app
@@ -125,8 +128,12 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def thorn_url(data_dir: Path, nats_url: str) -> Iterator[str]:
-    """The real topology app."""
-    settings = Settings(admin_token=ADMIN, data_dir=data_dir)
+    """The real topology app (issuing agents' NATS credentials with a signing key of its own
+    trust material; its connection stays the test server's, without auth)."""
+    auth = AuthDir.open(data_dir / "nats-auth")
+    own = auth.write_creds(permissions.topology(), now=time.time(), lifetime=3600, name="topo")
+    settings = Settings(admin_token=ADMIN, data_dir=data_dir, nats_issuer_seed=auth.issuer_seeds,
+                        nats_creds=own)  # fmt: skip
     with serving(
         "topology", lambda store, bus: create_app(settings, store=store, bus=bus),
         data_dir / "thorn.db", nats_url,
@@ -1224,3 +1231,26 @@ def test_health_links_events_and_sessions_are_listed_over_the_one_url(
     missing = thornctl("health", "link", "4242", url=one_url)
     assert missing.exit_code == 1 and "4242" in missing.stderr
     assert thornctl("health", "links", "--state", "sideways", url=one_url).exit_code == 2
+
+
+# --- bus ---------------------------------------------------------------------------------------
+
+
+def test_bus_creds_writes_a_node_s_agent_credentials_readable_by_the_owner_only(
+    thornctl: Thornctl, tmp_path: Path
+) -> None:
+    node = SMALL["nodes"][0]["name"]
+    path = tmp_path / "agent.creds"
+    done = ok(thornctl("bus", "creds", node, "--file", str(path)))
+    assert str(path) in done.stdout and "THORN_NATS_CREDS" in done.stdout
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    token, user = read_creds(path.read_text())
+    claims = decode(token)
+    assert claims.name == f"agent:{node}" and claims.subject == user.public
+    assert user.seed not in done.stdout, "the seed goes to the file only"
+
+
+def test_bus_creds_for_an_unknown_node_says_so(thornctl: Thornctl, tmp_path: Path) -> None:
+    done = thornctl("bus", "creds", "nosuch", "--file", str(tmp_path / "x.creds"))
+    assert done.exit_code == 1 and "nosuch" in done.stderr
+    assert not (tmp_path / "x.creds").exists()

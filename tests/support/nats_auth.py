@@ -15,7 +15,8 @@ import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from thorn.bus import Bus
-from thorn.natsauth.files import AuthDir, inbox_of
+from thorn.natsauth.files import AuthDir
+from thorn.natsauth.identity import inbox_of
 from thorn.natsauth.permissions import Permissions
 from thorn.natsd import EmbeddedNats
 
@@ -46,15 +47,13 @@ class Client:
 
 
 class AuthServer:
-    """An embedded nats-server trusting a fresh THORN operator, debug logging on (so an
+    """An embedded nats-server trusting a fresh THORN operator (debug logging on, so an
     expired JWT's refusal is logged with its reason)."""
 
     def __init__(self, base: Path) -> None:
         self.auth = AuthDir.open(base / "auth")
         self.auth.write_server_config(now=time.time())
-        self.server = EmbeddedNats(
-            log_dir=base / "log", extra_args=("-c", str(self.auth.server_config), "-D")
-        )
+        self.server = EmbeddedNats(log_dir=base / "log", auth=self.auth.server_config)
 
     @property
     def url(self) -> str:

@@ -38,6 +38,12 @@ class Stack:
         headers = {"Authorization": f"Bearer {token or self.admin}"}
         return httpx.request(method, f"{self.url}{path}", headers=headers, timeout=60, **kw)  # type: ignore[arg-type]
 
+    @property
+    def nats_creds(self) -> Path | None:
+        """The admin's NATS identity thorn-run issued (every client needs one)."""
+        given = self.run.get("nats_creds")
+        return Path(given) if given else None
+
     def token(self, role: str) -> str:
         name = f"{role}-{uuid.uuid4().hex[:6]}"
         made = self.api("POST", "/api/v1/tokens", json={"name": name, "role": role})

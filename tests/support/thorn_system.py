@@ -228,7 +228,8 @@ async def thorn_run(
             await asyncio.sleep(0.2)
         run = json.loads(run_file.read_text())
         services = {name.partition("@")[0]: s["url"] for name, s in run["services"].items()}
-        bus = await Bus.connect(run["nats"], name="bench-failover")
+        creds = Path(run["nats_creds"]) if run.get("nats_creds") else None
+        bus = await Bus.connect(run["nats"], name="bench-failover", creds=creds)
         try:
             running = RunningThorn(await asyncio.to_thread(Lab.open, prefix), bus, token,
                                    services, log)  # fmt: skip

@@ -217,7 +217,9 @@ def trust() -> Trust:
 def test_a_user_jwt_is_signed_by_the_signing_key_on_behalf_of_the_account() -> None:
     t = trust()
     user = new_key("user")
-    token = user_jwt(permissions.agent("leaf1"), user.public, t, now=NOW, lifetime=AGENT_LIFETIME)
+    token = user_jwt(
+        permissions.agent("leaf1"), user.public, t.signer, now=NOW, lifetime=AGENT_LIFETIME
+    )
     claims = decode(token, trusted=(t.issuer.public,))
     assert claims.nats["issuer_account"] == t.account.public
     assert claims.expires == int(NOW + AGENT_LIFETIME)
@@ -252,8 +254,10 @@ def test_a_revoked_key_appears_in_the_account_jwt() -> None:
 def test_renewal_accepts_the_agent_s_own_jwt_and_reads_its_vnis() -> None:
     t = trust()
     user = new_key("user")
-    token = user_jwt(permissions.agent("host1", [5, 7]), user.public, t, now=NOW, lifetime=100)
-    claims = check_issued(token, t, node="host1")
+    token = user_jwt(
+        permissions.agent("host1", [5, 7]), user.public, t.signer, now=NOW, lifetime=100
+    )
+    claims = check_issued(token, t.signer, node="host1")
     assert claims.subject == user.public
     assert vnis_of(claims) == {5, 7}
     assert renew_at(claims) == int(NOW) + 50
@@ -262,14 +266,14 @@ def test_renewal_accepts_the_agent_s_own_jwt_and_reads_its_vnis() -> None:
 def test_renewal_refuses_another_node_s_a_foreign_or_a_revoked_jwt() -> None:
     t = trust()
     user = new_key("user")
-    token = user_jwt(permissions.agent("host1"), user.public, t, now=NOW, lifetime=100)
+    token = user_jwt(permissions.agent("host1"), user.public, t.signer, now=NOW, lifetime=100)
     with pytest.raises(JwtError, match="host2"):
-        check_issued(token, t, node="host2")
+        check_issued(token, t.signer, node="host2")
     with pytest.raises(JwtError, match="trust"):
-        check_issued(token, trust(), node="host1")
+        check_issued(token, trust().signer, node="host1")
     revoked = Trust(t.operator, t.system, t.account, t.signing_keys, {user.public: int(NOW)})
     with pytest.raises(JwtError, match="revoked"):
-        check_issued(token, revoked, node="host1")
+        check_issued(token, revoked.signer, node="host1")
 
 
 def test_a_second_signing_key_keeps_older_users_valid_while_rotating() -> None:

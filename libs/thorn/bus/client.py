@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, overload
 from urllib.parse import urlsplit
@@ -44,6 +45,8 @@ from thorn.events import (
     encode,
     stream_for_subject,
 )
+from thorn.natsauth.identity import inbox_of
+from thorn.natsauth.jwt import JwtError
 
 log = structlog.get_logger("thorn.bus")
 
@@ -78,6 +81,7 @@ class Bus:
         ping_interval: float = 5.0,
         replicas: int = 1,
         tls: ssl.SSLContext | None = None,
+        creds: Path | None = None,
     ) -> Bus:
         """Connect to NATS at `url` (one URL, or the seed list of a cluster: comma-separated
         or a sequence; the servers a cluster advertises are added to the list).
@@ -88,7 +92,10 @@ class Bus:
         lost) is given up after 3 unanswered pings, `ping_interval` s apart. `replicas`: the
         copies of each stream and bucket this bus creates (THORN_NATS_REPLICAS). `tls`: the
         context to verify the servers with (THORN_NATS_CA); given, a server that does not
-        speak TLS is refused.
+        speak TLS is refused. `creds`: a .creds file, this connection's NATS identity
+        (THORN_NATS_CREDS); read again at every reconnect, so renewed credentials written
+        there take effect with `reconnect()`; replies and deliveries then come under the
+        identity's own inbox prefix (the only one its permissions let it read).
 
         Credentials in a URL (user:password@) never reach a log line or an error message.
         """
@@ -141,6 +148,14 @@ class Bus:
         }
         if tls is not None:
             options["tls"] = tls
+        if creds is not None:
+            try:
+                inbox = inbox_of(creds)
+            except JwtError as exc:
+                raise BusConnectError(f"NATS credentials {exc}") from None
+            options["user_credentials"] = str(creds)
+            if inbox is not None:
+                options["inbox_prefix"] = inbox
         try:
             async with asyncio.timeout(connect_timeout):
                 await nc.connect(**options)
@@ -190,6 +205,11 @@ class Bus:
         while not self._nc.is_connected:
             self._connected.clear()
             await self._connected.wait()
+
+    async def reconnect(self) -> None:
+        """Drop the connection and connect again at once (to renewed credentials: the creds
+        file is read again); subscriptions are made again on the new connection."""
+        await self._nc.force_reconnect()
 
     async def flush(self) -> None:
         """Round-trip to the server: everything sent before has been processed by it."""
@@ -402,11 +422,16 @@ class Bus:
             return None
         return model.model_validate_json(message.data or b"")
 
-    async def desired_state(self, spec: KeyValueSpec = DESIRED_STATE_KV) -> DesiredStateStore:
-        """The per-node desired-state bucket (created from `spec` if it does not exist)."""
+    async def desired_state(
+        self, spec: KeyValueSpec = DESIRED_STATE_KV, *, create: bool = True
+    ) -> DesiredStateStore:
+        """The per-node desired-state bucket (created from `spec` if it does not exist; with
+        `create=False`, an agent's, which may not create it: `BucketNotFoundError`)."""
         try:
             kv = await self._js.key_value(spec.bucket)
         except nats.js.errors.BucketNotFoundError:
+            if not create:
+                raise
             await self.ensure_streams(streams=(), kv=(spec,))
             kv = await self._js.key_value(spec.bucket)
         return DesiredStateStore(kv, spec.bucket)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from thorn.natsauth.jwt import Claims, JwtError, Key, creds, decode, encode, new_key
 from thorn.natsauth.permissions import Permissions
@@ -50,6 +51,21 @@ class Trust:
     def issuer(self) -> Key:
         return self.signing_keys[0]
 
+    @property
+    def signer(self) -> Signer:
+        return Signer(self.account.public, self.signing_keys, self.revoked)
+
+
+@dataclass(frozen=True, slots=True)
+class Signer:
+    """What issues users: the THORN account's public key and its signing keys, the first
+    signing, all of them trusted when a JWT comes back for renewal (a rotation's old one
+    too); `revoked` as in `Trust`. Topology holds one of these, never the account's key."""
+
+    account: str
+    keys: tuple[Key, ...]
+    revoked: Mapping[str, int] = field(default_factory=dict)
+
 
 def new_trust() -> Trust:
     """Fresh keys: an operator, the system account, the THORN account and its signing key."""
@@ -83,30 +99,41 @@ def system_jwt(trust: Trust, *, now: float) -> str:
     return encode("account", trust.system.public, SYSTEM_ACCOUNT, nats, trust.operator, now=now)
 
 
-def server_config(trust: Trust, *, now: float, operator_file: str | None = None) -> str:
-    """The nats-server configuration lines of operator mode: the operator (its JWT inline, or
-    the file that holds it), the system account, and both accounts preloaded into a memory
-    resolver (static: a change of account, such as a revocation, is a new config + reload)."""
-    operator = operator_file if operator_file is not None else operator_jwt(trust, now=now)
-    preload = {
-        trust.system.public: system_jwt(trust, now=now),
-        trust.account.public: account_jwt(trust, now=now),
+def server_settings(trust: Trust, *, now: float, operator: str | None = None) -> dict[str, Any]:
+    """nats-server's operator-mode settings: the operator's JWT (`operator`: one signed
+    before, which a running server must keep seeing; default a new one), the system account,
+    and both accounts preloaded into a memory resolver (static: a change of account, such as
+    a revocation, is a new configuration and a reload)."""
+    return {
+        "operator": operator if operator is not None else operator_jwt(trust, now=now),
+        "system_account": trust.system.public,
+        "resolver": "MEMORY",
+        "resolver_preload": {
+            trust.system.public: system_jwt(trust, now=now),
+            trust.account.public: account_jwt(trust, now=now),
+        },
     }
+
+
+def server_config(trust: Trust, *, now: float, operator: str | None = None) -> str:
+    """`server_settings` as lines of a nats-server configuration file."""
+    settings = server_settings(trust, now=now, operator=operator)
     lines = [
-        f"operator: {json.dumps(operator)}",
-        f"system_account: {trust.system.public}",
-        "resolver: MEMORY",
+        f"operator: {json.dumps(settings['operator'])}",
+        f"system_account: {settings['system_account']}",
+        f"resolver: {settings['resolver']}",
         "resolver_preload: {",
-        *(f"  {public}: {json.dumps(token)}" for public, token in preload.items()),
+        *(f"  {public}: {json.dumps(token)}" for public, token in
+          settings["resolver_preload"].items()),
         "}",
-    ]
+    ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def user_jwt(
     permissions: Permissions,
     user: str,
-    trust: Trust,
+    signer: Signer,
     *,
     now: float,
     lifetime: float | None,
@@ -117,12 +144,12 @@ def user_jwt(
     nats = {
         **permissions.claims(),
         "subs": -1, "data": -1, "payload": -1,
-        "issuer_account": trust.account.public,
+        "issuer_account": signer.account,
         "tags": [f"role:{permissions.role}"],
     }  # fmt: skip
     expires = now + lifetime if lifetime is not None else None
     label = name or f"{permissions.role}:{permissions.identity}"
-    return encode("user", user, label, nats, trust.issuer, now=now, expires=expires)
+    return encode("user", user, label, nats, signer.keys[0], now=now, expires=expires)
 
 
 def user_creds(
@@ -130,19 +157,20 @@ def user_creds(
 ) -> str:
     """A whole .creds file for a new key pair with `permissions` (the seed is in it)."""
     user = new_key("user")
-    return creds(user_jwt(permissions, user.public, trust, now=now, lifetime=lifetime), user)
+    token = user_jwt(permissions, user.public, trust.signer, now=now, lifetime=lifetime)
+    return creds(token, user)
 
 
-def check_issued(token: str, trust: Trust, *, node: str) -> Claims:
+def check_issued(token: str, signer: Signer, *, node: str) -> Claims:
     """A user JWT an agent presents for renewal: issued by one of the THORN account's signing
     keys, for the agent `node`, not revoked. Expiry is not checked: an agent may renew late
     (the server refuses an expired JWT; this one came over a connection it accepted)."""
-    claims = decode(token, trusted=tuple(key.public for key in trust.signing_keys))
-    if claims.type != "user" or claims.nats.get("issuer_account") != trust.account.public:
+    claims = decode(token, trusted=tuple(key.public for key in signer.keys))
+    if claims.type != "user" or claims.nats.get("issuer_account") != signer.account:
         raise JwtError("not a user of the THORN account")
     if claims.name != f"agent:{node}":
         raise JwtError(f"issued for {claims.name!r}, not for agent {node!r}")
-    revoked_at = trust.revoked.get(claims.subject)
+    revoked_at = signer.revoked.get(claims.subject)
     if revoked_at is not None and claims.issued_at <= revoked_at:
         raise JwtError("its key is revoked")
     return claims

@@ -54,23 +54,15 @@ from thorn.events import (
     failover_subject,
 )
 from thorn.leader.lease import LEASES_KV
+from thorn.natsauth.identity import INBOX_ROOT, inbox_prefix
 
 Role = Literal["agent", "topology", "health", "pathcomp", "admin"]
 SERVICES: tuple[Role, ...] = ("topology", "health", "pathcomp")
 
-INBOX_ROOT = "_I"
 DESIRED_STREAM = f"KV_{DESIRED_STATE_KV.bucket}"
 LEASES_STREAM = f"KV_{LEASES_KV.bucket}"
 _API = "$JS.API"
 RESPONSE_WINDOW_NS = 60 * 10**9  # a service may answer a request for a minute after it
-
-
-def inbox_prefix(role: Role, name: str) -> str:
-    """Where an identity gets its replies and deliveries: `_I.<role>.<name>`, the name one
-    token (a node name's dots become '~', which no name contains, so node "a"'s inbox never
-    covers node "a.b"'s; and an agent's role token keeps a node called "topology" out of the
-    topology service's)."""
-    return f"{INBOX_ROOT}.{role}.{name.replace('.', '~')}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,11 @@ REPORTS = Counter(
     "thorn_health_reports_total", "Agent reports received, by result (applied, refused, failed)",
     ["result"],
 )  # fmt: skip
+WRONG_NODE = Counter(
+    "thorn_health_reports_wrong_node_total",
+    "Reports refused because they speak for another node than their subject, which is the one "
+    "the sender's NATS credentials allow it to publish on (also counted as refused)",
+)
 ITEMS = Counter(
     "thorn_health_report_items_total",
     "Report items, by result (applied; unknown: no such link or port in the topology)",
@@ -86,6 +91,11 @@ class ReportRefused(ValueError):
     """A malformed report: the message names the field."""
 
 
+class ReportForAnotherNode(ReportRefused):
+    """A report whose payload names another node than its subject: the subject is what the
+    sender's credentials were checked against, so it is the sender's identity."""
+
+
 def parse_report(subject: str, data: bytes, max_items: int) -> AgentReport:
     """The report in a request, or `ReportRefused` naming what is wrong with it."""
     try:
@@ -98,7 +108,7 @@ def parse_report(subject: str, data: bytes, max_items: int) -> AgentReport:
         raise ReportRefused(f"not a valid AgentReport: {problems}") from exc
     subject_node = subject.removeprefix(AGENT_REPORT_PREFIX + ".")
     if report.node != subject_node:
-        raise ReportRefused(
+        raise ReportForAnotherNode(
             f"node: {report.node!r} does not match the subject's node {subject_node!r}"
         )
     if len(report.items) > max_items:
@@ -257,6 +267,8 @@ class HealthService:
             report = parse_report(msg.subject, msg.data, self.max_items)
         except ReportRefused as exc:
             REPORTS.labels("refused").inc()
+            if isinstance(exc, ReportForAnotherNode):
+                WRONG_NODE.inc()
             log.warning("report_refused", subject=msg.subject, error=str(exc))
             await self._reply(msg, AgentReportReply(ok=False, applied=0, error=str(exc)))
             return

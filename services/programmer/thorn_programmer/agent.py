@@ -109,6 +109,7 @@ _DOCUMENT: TypeAdapter[DesiredState] = TypeAdapter(DesiredState)
 HEARTBEAT_SECONDS = 15.0  # well inside pathcomp's 60 s liveness window
 RENDER_TRIES = 3  # a reconcile renders again when a flip lands while it reads, this often
 OUTBOX_LIMIT = 1000  # failover events kept while NATS is away (the oldest go first)
+WATCH_RETRY_SECONDS = 1.0  # before asking again for a watch that could not be made
 
 # (kind, netns) -> the driver, as an async context manager
 DriverFactory = Callable[[str, str | None], AbstractAsyncContextManager[NetlinkDatapath]]
@@ -179,6 +180,11 @@ class NodeAgent:
         self.on_applied: list[Callable[[Intent | None], Awaitable[None]]] = []
         # This host's path sessions' states (set by the BFD wiring; none: no sessions).
         self.path_state: Callable[[str, Colour], State | None] = lambda _p, _c: None
+        # The VNIs this node's NATS identity may read (all without credentials), and whom to
+        # tell of those it may not yet (the credentials keeper renews): a watch it may not
+        # make is not asked for.
+        self.permits_vni: Callable[[int], bool] = lambda _vni: True
+        self.vnis_refused: Callable[[set[int]], None] = lambda _vnis: None
 
     # --- running ---------------------------------------------------------------------------
 
@@ -210,15 +216,36 @@ class NodeAgent:
             await self._stack.aclose()
             self._stack, self._driver, self._driver_kind = AsyncExitStack(), None, None
 
+    async def _watching(
+        self, key: str, take: Callable[[DesiredStateEntry | CaughtUp], None]
+    ) -> None:
+        """Hand every item of `key`'s watch to `take`; a watch that cannot be made (the
+        connection being made again, a renewal's reconnect) is asked for again, after a
+        pause: the agent must never stop following its documents."""
+        while True:
+            try:
+                async with self.kv.watch(key) as watch:
+                    async for item in watch:
+                        take(item)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("desired_state_watch_failed", node=self.node, key=key,
+                            error=f"{type(exc).__name__}: {exc}",
+                            retry_in_s=WATCH_RETRY_SECONDS)  # fmt: skip
+                await asyncio.sleep(WATCH_RETRY_SECONDS)
+
     async def _watch_node(self) -> None:
-        async with self.kv.watch(node_key(self.node)) as watch:
-            async for item in watch:
-                if isinstance(item, CaughtUp):
-                    self._caught_up.set()
-                    if self._doc is not None:
-                        self._dirty.set()
-                    continue
-                self._take_node(item)
+        def take(item: DesiredStateEntry | CaughtUp) -> None:
+            if isinstance(item, CaughtUp):
+                self._caught_up.set()
+                if self._doc is not None:
+                    self._dirty.set()
+                return
+            self._take_node(item)
+
+        await self._watching(node_key(self.node), take)
 
     def _take_node(self, entry: DesiredStateEntry) -> None:
         self._received = entry.revision
@@ -247,7 +274,11 @@ class NodeAgent:
         if self._caught_up.is_set():
             self._dirty.set()
 
-    def _follow_vnis(self, vnis: set[int]) -> None:
+    def _follow_vnis(self, wanted: set[int]) -> None:
+        refused = {vni for vni in wanted if not self.permits_vni(vni)}
+        if refused:
+            self.vnis_refused(refused)
+        vnis = wanted - refused
         for vni in set(self._vni_watches) - vnis:
             self._vni_watches.pop(vni).cancel()
             self._chunks = {k: v for k, v in self._chunks.items() if k[0] != vni}
@@ -256,24 +287,32 @@ class NodeAgent:
                 self._watch_vni(vni), name=f"watch-{self.node}-vni-{vni}"
             )
 
+    async def permissions_changed(self) -> None:
+        """Renewed credentials: follow the VNIs of the document that they allow now (and
+        drop those they no longer do)."""
+        if isinstance(self._doc, HostState):
+            self._follow_vnis(set(self._doc.vnis))
+            self._dirty.set()
+
     async def _watch_vni(self, vni: int) -> None:
-        async with self.kv.watch(f"vni.{vni}.*") as watch:
-            async for item in watch:
-                if isinstance(item, CaughtUp):
-                    self._dirty.set()
-                    continue
-                chunk_no = int(item.node.rsplit(".", 1)[1])
-                if item.deleted:
-                    self._chunks.pop((vni, chunk_no), None)
-                else:
-                    try:
-                        self._chunks[(vni, chunk_no)] = item.decode(VniState)
-                    except ValidationError as exc:
-                        BAD_DOCUMENTS.labels(self.node).inc()
-                        log.error("bad_vni_state", node=self.node, vni=vni, error=str(exc))
-                        continue
-                if self._caught_up.is_set():
-                    self._dirty.set()
+        def take(item: DesiredStateEntry | CaughtUp) -> None:
+            if isinstance(item, CaughtUp):
+                self._dirty.set()
+                return
+            chunk_no = int(item.node.rsplit(".", 1)[1])
+            if item.deleted:
+                self._chunks.pop((vni, chunk_no), None)
+            else:
+                try:
+                    self._chunks[(vni, chunk_no)] = item.decode(VniState)
+                except ValidationError as exc:
+                    BAD_DOCUMENTS.labels(self.node).inc()
+                    log.error("bad_vni_state", node=self.node, vni=vni, error=str(exc))
+                    return
+            if self._caught_up.is_set():
+                self._dirty.set()
+
+        await self._watching(f"vni.{vni}.*", take)
 
     # --- reconciling -----------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ from thorn_programmer.bfd import EventQueue
 from thorn_programmer.bfd.events import SessionStatus
 from thorn_programmer.bfd.policy import AuthFile, AuthPolicyError, readable_by_others
 from thorn_programmer.bfd.supervised import SupervisedBfd
+from thorn_programmer.connect import connect_nodes, keep_credentials
 from thorn_programmer.detect import BfdSessions, Discriminators
 from thorn_programmer.drivers import NetlinkDatapath, open_driver
 from thorn_programmer.overrides import Overrides
@@ -139,30 +140,27 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with AsyncExitStack() as stack:
             await stack.enter_async_context(LoopWatchdog("programmer").running())
-            the_bus = bus
-            if the_bus is None:
-                the_bus = await Bus.connect(
-                    settings.nats_url, name="thorn-programmer", replicas=settings.nats_replicas,
-                    tls=settings.nats_tls,
-                )  # fmt: skip
-                stack.push_async_callback(the_bus.close)
-                await the_bus.ensure_streams()
-            kv = await the_bus.desired_state()
+            # Each node speaks as itself when THORN_NATS_CREDS gives identities (connect.py).
+            links = await connect_nodes(settings, [node for node, _ in served], stack, bus=bus)
             hold_down = settings.failover_hold_down_ms / 1000
             agents = [
-                NodeAgent(node, kv, the_bus, drivers_of(node), netns, Overrides(
+                NodeAgent(node, links[node].kv, links[node].bus, drivers_of(node), netns, Overrides(
                     settings.data_dir / "programmer" / f"overrides-{node}.json",
                     revertive=settings.failover_revertive, hold_down=hold_down))
                 for node, netns in served
             ]  # fmt: skip
             reporters = [
                 Reporter(
-                    node, the_bus, netns, period=settings.report_seconds, on_link=repairs[node].link
+                    node,
+                    links[node].bus,
+                    netns,
+                    period=settings.report_seconds,
+                    on_link=repairs[node].link,
                 )
                 for node, netns in served
             ]
             registrars = [
-                Registrar(node, the_bus, netns, period=settings.register_seconds,
+                Registrar(node, links[node].bus, netns, period=settings.register_seconds,
                           probe_interval=settings.neighbour_probe_seconds)
                 for node, netns in served
             ]  # fmt: skip
@@ -176,6 +174,9 @@ def create_app(settings: Settings, *, bus: Bus | None = None) -> FastAPI:
                 def failed(why: str, status: AgentStatus = agent.status) -> None:
                     status.last_errors = [why]
 
+                if (keeper := keep_credentials(links[agent.node], agent)) is not None:
+                    tasks.append(asyncio.create_task(supervised(agent.node, keeper.run),
+                                                     name=f"creds-{agent.node}"))  # fmt: skip
                 tasks += [
                     asyncio.create_task(supervised(agent.node, agent.run, failed),
                                         name=f"agent-{agent.node}"),

@@ -13,6 +13,7 @@ from thorn.auth import BOOTSTRAP_TOKEN_NAME, guarding, hash_token, new_token
 from thorn.bus import Bus
 from thorn.config import Settings
 from thorn.model import TokenRole
+from thorn.natsauth.jwt import JwtError
 from thorn.service import open_store_and_bus
 from thorn.store import Store
 from thorn.telemetry import instrument
@@ -20,6 +21,8 @@ from thorn.watchdog import LoopWatchdog
 from thorn.web import BodyLimit, install_error_handlers
 from thorn_topology.api import router
 from thorn_topology.applied import AppliedReports
+from thorn_topology.credentials import AgentCredentials
+from thorn_topology.credentials import router as credentials_router
 from thorn_topology.events_api import router as events_router
 from thorn_topology.observed_api import router as observed_router
 from thorn_topology.registrations import Registrations
@@ -71,6 +74,16 @@ def create_app(
             applied = AppliedReports()
             stack.push_async_callback((await applied.start(the_bus.nc)).unsubscribe)
             app.state.applied = applied
+            # Agents' NATS credentials, when THORN_NATS_ISSUER_SEED gives the signing key.
+            try:
+                credentials = AgentCredentials.from_settings(settings, service, the_bus)
+            except JwtError as exc:
+                log.error("credentials_issuer_unusable", error=str(exc))
+                raise
+            if credentials is not None:
+                await credentials.start()
+                stack.push_async_callback(credentials.stop)
+            app.state.credentials = credentials
             await stack.enter_async_context(guarding(app, the_store))
             log.info(
                 "topology_ready", database=the_store.dialect, revision=await the_store.revision()
@@ -91,6 +104,7 @@ def create_app(
     app.include_router(router)
     app.include_router(observed_router)
     app.include_router(events_router)
+    app.include_router(credentials_router)
     app.add_middleware(
         BodyLimit,
         default=settings.max_body_bytes,

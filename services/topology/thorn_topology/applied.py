@@ -11,10 +11,16 @@ import structlog
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from prometheus_client import Counter
 
 from thorn.events import AGENT_APPLIED_ALL, DatapathApplied, EventDecodeError, decode
 
 log = structlog.get_logger("thorn.topology")
+REFUSED = Counter(
+    "thorn_topology_applied_refused_total",
+    "Applied reports refused: not a DatapathApplied, or naming another node than their subject "
+    "(the one the sender's NATS credentials allow it to publish on)",
+)
 
 
 class AppliedReports:
@@ -28,6 +34,7 @@ class AppliedReports:
         try:
             event = decode(msg.subject, msg.data)
         except EventDecodeError as exc:
+            REFUSED.inc()
             log.warning("applied_malformed", subject=msg.subject, error=str(exc))
             return
         if isinstance(event, DatapathApplied):
