@@ -982,3 +982,105 @@ def test_every_nats_server_loads_a_tls_configuration_nats_server_accepts(
     checked = subprocess.run([str(find_nats_server()), "-c", str(local), "-t"],
                              capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# ------------------------------------------------ NATS identities: deploy/compose.auth.yml
+
+AUTH_OVERRIDE = ROOT / "deploy" / "compose.auth.yml"
+AUTH_CLIENTS = {"topology": "thorn-nats-topology", "health": "thorn-nats-health",
+                "pathcomp": "thorn-nats-pathcomp", "pathcomp-2": "thorn-nats-pathcomp"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def auth_override() -> dict[str, Any]:
+    return load_compose(AUTH_OVERRIDE)
+
+
+@pytest.fixture(scope="module")
+def with_auth(compose: dict[str, Any], auth_override: dict[str, Any]) -> dict[str, Any]:
+    """docker-compose.yml with the auth override merged, as the cluster profile sees it."""
+    env = {**{name: f"<{name}>" for name in REQUIRED_VARIABLES}, **env_file(CLUSTER_ENV_FILE)}
+    document: dict[str, Any] = interpolate(merged(compose, auth_override), env)
+    return document
+
+
+def test_the_auth_override_conforms_alone_and_merged(
+    validator: Draft7Validator, compose: dict[str, Any], auth_override: dict[str, Any]
+) -> None:
+    assert schema_errors(validator, auth_override) == []
+    assert schema_errors(validator, merged(compose, auth_override)) == []
+    assert set(auth_override["services"]) <= set(compose["services"]), "it adds no service"
+
+
+def test_the_auth_secrets_are_the_files_thornctl_bus_init_writes_and_stay_out_of_git(
+    with_auth: dict[str, Any], tmp_path: Path
+) -> None:
+    from thorn.natsauth import permissions
+    from thorn.natsauth.files import AuthDir
+
+    written = AuthDir.open(tmp_path / "nats-auth")
+    written.write_server_config(now=1_800_000_000.0)
+    for role in permissions.SERVICES:  # as `thornctl bus init` does
+        written.write_creds(permissions.service(role), now=1.8e9, lifetime=60, name=role)
+    expected = {
+        "thorn-nats-auth": written.server_config, "thorn-nats-issuer": written.issuer_seeds,
+        **{secret: written.creds_path(service.removesuffix("-2"))
+           for service, secret in AUTH_CLIENTS.items()},
+    }  # fmt: skip
+    files = {name: secret["file"] for name, secret in with_auth["secrets"].items()}
+    assert files == {name: "./deploy/nats-auth/" + str(path.relative_to(written.path))
+                     for name, path in expected.items()}  # fmt: skip
+    assert all(path.exists() for path in expected.values())
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/nats-auth/signing.seed"],
+                             cwd=ROOT, check=False)  # fmt: skip
+    assert ignored.returncode == 0, "deploy/nats-auth/ (keys) must be in .gitignore"
+
+
+@pytest.mark.parametrize("service", sorted(AUTH_CLIENTS))
+def test_every_controller_connects_with_its_own_creds_secret(
+    with_auth: dict[str, Any], service: str
+) -> None:
+    container = with_auth["services"][service]
+    environment = environment_of(container)
+    mounted = mounted_secrets(container)
+    assert mounted[environment["THORN_NATS_CREDS"]] == AUTH_CLIENTS[service]
+    if service == "topology":
+        assert mounted[environment["THORN_NATS_ISSUER_SEED"]] == "thorn-nats-issuer"
+    else:
+        assert "THORN_NATS_ISSUER_SEED" not in environment, "only topology issues credentials"
+    assert "thorn-nats-auth" not in mounted.values(), "the servers' file is theirs"
+    assert Settings(nats_creds=environment["THORN_NATS_CREDS"]).nats_creds is not None
+
+
+def test_the_agent_reads_its_node_s_creds_from_a_directory_it_may_write(
+    with_auth: dict[str, Any],
+) -> None:
+    agent = with_auth["services"]["programmer"]
+    creds = Path(environment_of(agent)["THORN_NATS_CREDS"])
+    assert creds.name == "<THORN_NODE_NAME>.creds"
+    (mount,) = [v for v in agent["volumes"] if v.split(":")[1] == str(creds.parent)]
+    assert mount == f"./deploy/nats-auth/creds/agents:{creds.parent}", "bind mount, writable"
+    assert not agent.get("secrets"), "a secret would be read-only: renewal writes beside it"
+
+
+@pytest.mark.parametrize("server", ["nats", "nats-2", "nats-3"])
+def test_every_nats_server_loads_the_operator_configuration_nats_server_accepts(
+    with_auth: dict[str, Any], server: str, tmp_path: Path
+) -> None:
+    """Its command writes the secret's configuration (and the TLS override's, if given) to
+    the file it starts with and keeps the cluster flags; the real nats-server, given what
+    `thornctl bus init` wrote, says that configuration is valid."""
+    from thorn.natsauth.files import AuthDir
+    from thorn.natsd import find_nats_server
+
+    service = with_auth["services"][server]
+    arguments = nats_server_arguments(service, tmp_path)
+    assert option(arguments, "-c") == "/tmp/nats.conf"
+    assert option(arguments, "--cluster") == "nats://0.0.0.0:6222"
+    assert "cat /run/secrets/thorn-nats-auth" in " ".join(command_words(service["command"]))
+    assert mounted_secrets(service) == {"/run/secrets/thorn-nats-auth": "thorn-nats-auth"}
+    written = AuthDir.open(tmp_path / "nats-auth")
+    config = written.write_server_config(now=1_800_000_000.0)
+    checked = subprocess.run([str(find_nats_server()), "-c", str(config), "-t"],
+                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr

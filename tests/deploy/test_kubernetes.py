@@ -1033,3 +1033,80 @@ def test_the_nats_tls_values_use_documented_keys_and_the_secret_the_component_re
     assert values["config"]["cluster"]["tls"] == {"enabled": True, "secretName": NATS_TLS_SECRET}
     assert values["tlsCA"] == {"enabled": True, "secretName": NATS_TLS_SECRET}
     assert nats_values["config"]["cluster"]["enabled"] is True, "routes exist to protect"
+
+
+# ------------------------------------------------ NATS identities: the natsauth component
+
+AUTH_COMPONENT = KUBERNETES / "natsauth"
+NATS_AUTH_SECRET = "thorn-nats-auth"
+
+
+def render_with_components(base_directory: Path, tmp_path: Path, *names: str) -> list[Object]:
+    """An overlay as the guide writes it: `base_directory` with these components."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    relative = Path(os.path.relpath(KUBERNETES, overlay))
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [str(relative / base_directory.name)],
+        "components": [str(relative / name) for name in names],
+    }))  # fmt: skip
+    return render(overlay)
+
+
+@pytest.fixture(scope="module")
+def with_auth(tmp_path_factory: pytest.TempPathFactory) -> list[Object]:
+    return render_with_components(BASE, tmp_path_factory.mktemp("auth"), AUTH_COMPONENT.name)
+
+
+@pytest.mark.parametrize("directory", [BASE, CNPG], ids=["base", "postgres-cnpg"])
+@pytest.mark.parametrize("tls", [False, True], ids=["alone", "with-tls"])
+def test_the_natsauth_component_renders_valid_kubernetes_1_30_strict(
+    directory: Path, tls: bool, tmp_path: Path
+) -> None:
+    names = [AUTH_COMPONENT.name, *([TLS_COMPONENT.name] if tls else [])]
+    objects = render_with_components(directory, tmp_path, *names)
+    errors = [e for o in objects if not is_cnpg(o) for e in schema_errors(o)]
+    assert errors == []
+    plain = render(directory)
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in objects) == sorted(
+        (o["kind"], o["metadata"]["name"]) for o in plain), "it adds no object"  # fmt: skip
+
+
+@pytest.mark.parametrize("name", CONTROLLERS)
+def test_with_natsauth_each_controller_connects_with_its_own_creds_alone(
+    with_auth: list[Object], name: str
+) -> None:
+    workload = workload_named(with_auth, name)
+    values, _ = env_values(the_container(workload), with_auth)
+    secret, key, mount = file_from_secret(workload, values["THORN_NATS_CREDS"])
+    assert (secret, key) == (NATS_AUTH_SECRET, f"{name}.creds")
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod_spec(workload)["volumes"] if v["name"] == mount["name"]]
+    keys = [item["key"] for item in volume["secret"]["items"]]
+    assert keys == ([f"{name}.creds", "issuer.seeds"] if name == "topology" else [f"{name}.creds"])
+    assert volume["secret"]["defaultMode"] & 0o007 == 0, "not readable by others"
+    spec = pod_spec(workload)
+    assert spec["securityContext"]["fsGroup"] == spec["securityContext"]["runAsGroup"]
+    if name == "topology":
+        issuer = file_from_secret(workload, values["THORN_NATS_ISSUER_SEED"])
+        assert issuer[:2] == (NATS_AUTH_SECRET, "issuer.seeds")
+    else:
+        assert "THORN_NATS_ISSUER_SEED" not in values, "only topology issues credentials"
+    assert env_problems(workload, with_auth) == []
+
+
+def test_with_natsauth_the_agent_keeps_its_node_s_creds_where_it_can_renew_them(
+    with_auth: list[Object],
+) -> None:
+    agent = workload_named(with_auth, AGENT)
+    values, _ = env_values(the_container(agent), with_auth)
+    creds = Path(values["THORN_NATS_CREDS"])
+    (mount,) = [m for m in the_container(agent)["volumeMounts"]
+                if creds.parent == Path(m["mountPath"])]  # fmt: skip
+    assert not mount.get("readOnly", False), "the agent writes its renewed file beside it"
+    (volume,) = [v for v in pod_spec(agent)["volumes"] if v["name"] == mount["name"]]
+    assert volume["hostPath"] == {"path": "/etc/thorn", "type": "Directory"}
+    assert env_problems(agent, with_auth) == []
+    assert "THORN_NATS_CREDS" not in env_values(the_container(workload_named(
+        with_auth, "gateway")), with_auth)[0], "the entry point does not use NATS"  # fmt: skip
