@@ -887,12 +887,17 @@ def tls_override() -> dict[str, Any]:
     return load_compose(TLS_OVERRIDE)
 
 
+def as_the_cluster_profile(compose: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """docker-compose.yml with `override` merged, as the cluster profile sees it."""
+    env = {**{name: f"<{name}>" for name in REQUIRED_VARIABLES}, **env_file(CLUSTER_ENV_FILE)}
+    document: dict[str, Any] = interpolate(merged(compose, override), env)
+    return document
+
+
 @pytest.fixture(scope="module")
 def with_tls(compose: dict[str, Any], tls_override: dict[str, Any]) -> dict[str, Any]:
     """docker-compose.yml with the TLS override merged, as the cluster profile sees it."""
-    env = {**{name: f"<{name}>" for name in REQUIRED_VARIABLES}, **env_file(CLUSTER_ENV_FILE)}
-    document: dict[str, Any] = interpolate(merged(compose, tls_override), env)
-    return document
+    return as_the_cluster_profile(compose, tls_override)
 
 
 def mounted_secrets(service: Mapping[str, Any]) -> dict[str, str]:
@@ -999,9 +1004,7 @@ def auth_override() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def with_auth(compose: dict[str, Any], auth_override: dict[str, Any]) -> dict[str, Any]:
     """docker-compose.yml with the auth override merged, as the cluster profile sees it."""
-    env = {**{name: f"<{name}>" for name in REQUIRED_VARIABLES}, **env_file(CLUSTER_ENV_FILE)}
-    document: dict[str, Any] = interpolate(merged(compose, auth_override), env)
-    return document
+    return as_the_cluster_profile(compose, auth_override)
 
 
 def test_the_auth_override_conforms_alone_and_merged(

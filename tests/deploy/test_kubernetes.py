@@ -940,15 +940,7 @@ NATS_CLIENTS = (*CONTROLLERS, AGENT)
 
 def render_with_tls(base_directory: Path, tmp_path: Path) -> list[Object]:
     """An overlay as the guide writes it: `base_directory` with the TLS component."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    relative = Path(os.path.relpath(KUBERNETES, overlay))
-    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [str(relative / base_directory.name)],
-        "components": [str(relative / TLS_COMPONENT.name)],
-    }))  # fmt: skip
-    return render(overlay)
+    return render_with_components(base_directory, tmp_path, TLS_COMPONENT.name)
 
 
 @pytest.fixture(scope="module")
