@@ -10,6 +10,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
@@ -50,7 +51,7 @@ from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
 from thorn_pathcomp.node_documents import HOST_STAGE, DesiredStates, diff
-from thorn_pathcomp.plan import Plan
+from thorn_pathcomp.plan import Plan, PlanSummary
 from thorn_pathcomp.service import Deposed, PathService
 
 ADMIN, VIEWER = fixed_token("pc-admin"), fixed_token("pc-viewer")
@@ -103,6 +104,31 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
         yield connected
 
 
+async def summarised_plan(api: httpx.AsyncClient) -> dict[str, Any]:
+    """GET /plan once its pair counts describe the plan it serves (they are computed after
+    the plan is served, and lag it meanwhile)."""
+    for _ in range(int(WAIT / 0.02)):
+        plan: dict[str, Any] = (await api.get("/api/v1/plan")).json()
+        if plan["summary_revision"] == plan["revision"]:
+            return plan
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the plan's summary never caught up: {plan}")
+
+
+async def drain_and_announce(store: Store, bus: Bus, link: int) -> int:
+    """Drain `link` in the store and announce it as topology does; its new revision."""
+    fabric = await store.load()
+    revision = await store.commit(
+        fabric.drain_link(link), expected_revision=fabric.revision,
+        next_link_id=fabric.next_link_id, actor="ops", action="link.drain", target=str(link),
+        detail={},
+    )  # fmt: skip
+    await bus.publish(
+        TopologyChanged(revision=revision, at=datetime.now(UTC), actor="ops", changes=[])
+    )
+    return revision
+
+
 def client(app: FastAPI, token: str | None = ADMIN) -> httpx.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.AsyncClient(
@@ -116,7 +142,7 @@ async def test_the_plan_is_served_and_every_node_gets_its_desired_state(
     async with AsyncExitStack() as stack:
         app = await replica(stack, fabric_store, bus, tmp_path)
         async with client(app) as api:
-            plan = (await api.get("/api/v1/plan")).json()
+            plan = await summarised_plan(api)
             assert plan["revision"] == 1 and plan["unprotected_pairs"] == 0
             assert plan["pairs"] == 2 and plan["stretch"]["red"]["max"] == 0
             paths = (await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})).json()
@@ -326,7 +352,7 @@ async def test_a_host_cut_off_from_the_fabric_is_reported_unreachable(
             assert pair.status_code == 200
             assert pair.json()["status"] == "unreachable"
             assert pair.json()["red"] is None and pair.json()["blue"] is None
-            assert (await api.get("/api/v1/plan")).json()["unreachable_pairs"] == 2
+            assert (await summarised_plan(api))["unreachable_pairs"] == 2
 
 
 async def test_a_drain_announced_on_topology_changed_is_replanned_incrementally(
@@ -338,15 +364,7 @@ async def test_a_drain_announced_on_topology_changed_is_replanned_incrementally(
         async with client(app) as api:
             first = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
             used = first.json()["blue"]["links"][-1]  # host2's link toward the blue leaf
-            fabric = await fabric_store.load()
-            changes = fabric.drain_link(used)
-            revision = await fabric_store.commit(
-                changes, expected_revision=fabric.revision, next_link_id=fabric.next_link_id,
-                actor="ops", action="link.drain", target=str(used), detail={},
-            )  # fmt: skip
-            await bus.publish(
-                TopologyChanged(revision=revision, at=datetime.now(UTC), actor="ops", changes=[])
-            )
+            revision = await drain_and_announce(fabric_store, bus, used)
             await until(
                 lambda: service.fabric is not None and service.fabric.revision == revision,
                 "replanned at the new topology revision",
@@ -357,6 +375,44 @@ async def test_a_drain_announced_on_topology_changed_is_replanned_incrementally(
             assert used not in after.json()["red"]["links"] + after.json()["blue"]["links"]
             # host2 is now single-homed: both colours cross its remaining link.
             assert after.json()["status"] == "degraded"
+            assert (await summarised_plan(api))["shared_risk_pairs"] == 2
+
+
+async def test_a_change_does_not_wait_behind_the_plan_summary_which_then_catches_up(
+    fabric_store: Store, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A summary as long as k=32's (seconds): it runs until it is asked to give way, then
+    # summarises for real. Before, the summary held the lock: the drain waited behind it.
+    real, started, gave_way = Plan.summarise_unless, threading.Event(), threading.Event()
+
+    def long_summary(plan: Plan, give_way: Callable[[], bool]) -> PlanSummary | None:
+        if gave_way.is_set():
+            return real(plan, give_way)
+        started.set()
+        while not give_way():
+            time.sleep(0.005)
+        gave_way.set()
+        return None
+
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        async with client(app) as api:
+            first = await summarised_plan(api)
+            used = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+            link = used.json()["blue"]["links"][-1]
+            monkeypatch.setattr(Plan, "summarise_unless", long_summary)
+            await service.recompute("a summary is due")  # served; its summary runs on
+            await asyncio.to_thread(started.wait, WAIT)
+            revision = await drain_and_announce(fabric_store, bus, link)
+            await until(
+                lambda: service.fabric is not None and service.fabric.revision == revision,
+                "the drain planned while the summary was running",
+            )
+            assert gave_way.is_set()
+            after = await summarised_plan(api)  # then the summary of the drained plan
+            assert after["revision"] > first["revision"] and after["topology_revision"] == revision
+            assert (after["protected_pairs"], after["shared_risk_pairs"]) == (0, 2)
 
 
 async def test_each_stage_waits_until_the_agents_applied_the_one_before(

@@ -402,3 +402,18 @@ def test_every_pair_is_counted_once_as_protected_shared_risk_or_unprotected(name
     s = plan.summary
     assert (s.protected_pairs, s.shared_risk_pairs, s.unprotected_pairs) == tuple(counted.values())
     assert s.protected_pairs + s.shared_risk_pairs + s.unprotected_pairs == s.pairs
+
+
+def test_a_summary_gives_way_between_destination_groups_when_asked() -> None:
+    plan = Plan.compute(Fabric.from_document(fat_tree(4)), summarise=False)
+    asked: list[int] = []
+
+    def after_two_groups() -> bool:
+        asked.append(1)
+        return len(asked) > 2
+
+    assert plan.summarise_unless(after_two_groups) is None
+    assert len(asked) == 3  # asked before each destination group, stopped at the third
+    never_asked = plan.summarise_unless(lambda: False)
+    assert never_asked == plan.summarise()
+    assert never_asked is not None and never_asked.pairs == 16 * 15

@@ -15,7 +15,7 @@ from thorn.fabric import NotFound
 from thorn.model import AdminState
 from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery
 from thorn_pathcomp.drains import DrainReport
-from thorn_pathcomp.plan import Route, UnknownHost
+from thorn_pathcomp.plan import PlanSummary, Route, UnknownHost
 from thorn_pathcomp.service import PathService
 from thorn_pathcomp.whatif import UnknownElement, what_if
 
@@ -68,6 +68,11 @@ class PlanOut(BaseModel):
     compute_seconds: float
     recomputed_groups: int
     published_nodes: int
+    summary_revision: int | None = Field(
+        description="the plan revision the pair counts and stretch below describe: they are "
+        "computed after a plan is served (seconds on a large fabric) and lag `revision` "
+        "meanwhile; null until the first"
+    )
     hosts: int
     groups: int
     pairs: int
@@ -88,11 +93,12 @@ class PlanOut(BaseModel):
 def _plan_out(service: PathService) -> PlanOut:
     if service.plan is None or service.status is None:
         raise FieldError(409, ["plan"], "no plan yet: the topology has not been planned", "busy")
-    s, st = service.plan.summary, service.status
+    s, st = service.summary or PlanSummary(), service.status
     return PlanOut(
         revision=st.revision, topology_revision=st.topology_revision, kind=st.kind,
         compute_seconds=st.compute_seconds, recomputed_groups=st.recomputed_groups,
-        published_nodes=st.published_nodes, hosts=s.hosts, groups=s.groups, pairs=s.pairs,
+        published_nodes=st.published_nodes, summary_revision=service.summary_revision,
+        hosts=s.hosts, groups=s.groups, pairs=s.pairs,
         protected_pairs=s.protected_pairs, shared_risk_pairs=s.shared_risk_pairs,
         unprotected_pairs=s.unprotected_pairs, pairs_sharing_host_links=s.pairs_sharing_host_links,
         pairs_sharing_switches=s.pairs_sharing_switches, pairs_sharing_srlgs=s.pairs_sharing_srlgs,

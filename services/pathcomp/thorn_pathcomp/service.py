@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
@@ -47,7 +47,7 @@ from thorn_pathcomp.node_documents import (
     NodeChange,
     diff,
 )
-from thorn_pathcomp.plan import Plan, PlanUpdate
+from thorn_pathcomp.plan import Plan, PlanSummary, PlanUpdate
 
 log = structlog.get_logger("thorn.pathcomp")
 
@@ -66,6 +66,10 @@ TOPOLOGY_SECONDS = Histogram(
 )
 PLAN_REVISION = Gauge("thorn_pathcomp_plan_revision", "Plan revision this replica serves")
 UNPROTECTED = Gauge("thorn_pathcomp_unprotected_pairs", "Host pairs without a disjoint backup")
+SUMMARIES_GIVEN_WAY = Counter(
+    "thorn_pathcomp_summaries_given_way_total",
+    "Plan summaries (risks and stretch for GET /plan) stopped for a change, then started again",
+)
 KV_WRITES = Counter("thorn_pathcomp_kv_writes_total", "Desired-state documents written")
 FENCED_WRITES = Counter(
     "thorn_pathcomp_fenced_writes_total",
@@ -161,6 +165,16 @@ class PathService:
         self.link_states: dict[int, bool] = {}  # health's view, on top of admin states
         self._vni_written: dict[str, bytes] = {}
         self._lock = asyncio.Lock()
+        # Work that holds or waits for the lock (`_changing`): a running summary gives way.
+        self._changes = 0
+        self._no_changes = asyncio.Event()
+        self._no_changes.set()
+        # Risks and stretch for GET /plan, of the plan served at `summary_revision` (None:
+        # none yet); computed after a plan is served (`_summarise_later`), so they can lag it.
+        self.summary: PlanSummary | None = None
+        self.summary_revision: int | None = None
+        self._summariser: asyncio.Task[None] | None = None
+        self._stopping = False
         # For drain reports: the plan revision at which each node's document last changed,
         # the KV revision this replica last wrote for it, and since which plan (and when)
         # each link or node has been out of service ((kind, name) -> (plan revision, time)).
@@ -188,7 +202,7 @@ class PathService:
 
     async def recompute(self, reason: str) -> PlanStatus:
         """A full plan from the store's current topology (start, admin request, big changes)."""
-        async with self._lock:
+        async with self._changing():
             with building_long_lived():  # no collection walks a big fabric
                 fabric = await self.store.load()
             if not self._health_loaded:
@@ -197,7 +211,6 @@ class PathService:
             plan = await asyncio.to_thread(Plan.compute, fabric, summarise=False)
             if overlay := self._health_overlay(fabric):
                 plan, _ = plan.update_links(overlay, fabric.revision)
-            plan.summary = await asyncio.to_thread(plan.summarise)  # once, on the final plan
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("full").observe(seconds)
             states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
@@ -235,7 +248,7 @@ class PathService:
         if self.plan is None:
             await self.recompute(f"topology revision {event.revision}")
             return
-        async with self._lock:
+        async with self._changing():
             assert self.plan is not None
             received = time.perf_counter()
             fabric, moved = self._replayed(event)
@@ -281,8 +294,45 @@ class PathService:
             TOPOLOGY_SECONDS.labels("hosts" if moved is not None else "whole").observe(
                 time.perf_counter() - received
             )
-            plan.summary = await asyncio.to_thread(plan.summarise)
-            UNPROTECTED.set(plan.summary.unprotected_pairs)
+
+    @contextlib.asynccontextmanager
+    async def _changing(self) -> AsyncIterator[None]:
+        """Hold the lock for a change of plan; while any waits for it or holds it, a
+        summary in progress gives way (it would hold the GIL from the change)."""
+        self._changes += 1
+        self._no_changes.clear()
+        try:
+            async with self._lock:
+                yield
+        finally:
+            self._changes -= 1
+            if not self._changes:
+                self._no_changes.set()
+
+    def _summarise_later(self) -> None:
+        """Risks and stretch of the served plan, computed after it is served: a summary of
+        every host pair takes ~2 s of CPU at k=32, and the next change (a host added, the
+        next link of a dying switch) must not wait behind it."""
+        if self._summariser is None or self._summariser.done():
+            self._summariser = asyncio.create_task(
+                self._summarise_served(), name="pathcomp-summary"
+            )
+
+    async def _summarise_served(self) -> None:
+        while True:
+            await self._no_changes.wait()
+            plan, status = self.plan, self.status
+            if plan is None or status is None or self.summary_revision == status.revision:
+                return
+            summary = await asyncio.to_thread(
+                plan.summarise_unless, lambda: self._changes > 0 or self._stopping
+            )
+            if summary is None or self.plan is not plan:
+                SUMMARIES_GIVEN_WAY.inc()
+                continue  # a change came: summarise what it serves, once it is done
+            plan.summary = summary
+            self.summary, self.summary_revision = summary, status.revision
+            UNPROTECTED.set(summary.unprotected_pairs)
 
     def _replayed(self, event: TopologyChanged) -> tuple[Fabric | None, set[str] | None]:
         """The held fabric moved to the event's revision by its rows, and the hosts they
@@ -376,7 +426,7 @@ class PathService:
 
     async def _replan(self, events: dict[int, LinkHealthChanged]) -> None:
         asked = time.perf_counter()
-        async with self._lock:
+        async with self._changing():
             locked = time.perf_counter()
             if self.plan is None or self.states is None or self.fabric is None:
                 return
@@ -408,9 +458,6 @@ class PathService:
             nodes = sorted(n for n, at in self.changed_at.items() if at == self.revision)
             self._after(self._reprotected(events, reason, dict(self._last_writes), nodes,
                                           self.revision))  # fmt: skip
-            # Risks and stretch for GET /plan, off the critical path.
-            plan.summary = await asyncio.to_thread(plan.summarise)
-            UNPROTECTED.set(plan.summary.unprotected_pairs)
 
     def _after(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.create_task(work, name="pathcomp-reprotected")
@@ -495,7 +542,7 @@ class PathService:
         hears that this plan re-protects all its peers, so flips the previous leader made
         (and would have reverted) are reverted too. An agent whose own BFD sees a peer's
         preferred path down keeps that flip."""
-        async with self._lock:
+        async with self._changing():
             self.revision = max(self.revision, last_published) + 1
             states, bus = self.states, self.bus
         if states is None or bus is None or not self.is_leader():
@@ -522,6 +569,11 @@ class PathService:
     async def close(self) -> None:
         for task in list(self._background):
             task.cancel()
+        if self._summariser is not None:
+            self._stopping = True  # the summary's thread gives way at its next group
+            self._summariser.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._summariser
         if self._replanner is not None:
             # The flag as well as the cancel: on Python 3.11 a cancel that lands as a
             # nats-py wait_for completes (a KV write mid-replan) is swallowed, and the loop
@@ -578,7 +630,7 @@ class PathService:
             published,
         )
         PLAN_REVISION.set(self.revision)
-        UNPROTECTED.set(plan.summary.unprotected_pairs)
+        self._summarise_later()
         log.info(
             "plan_adopted",
             revision=self.revision,
@@ -653,7 +705,7 @@ class PathService:
         """On becoming leader: write every document the KV does not hold as this replica's
         plan has it (a dead leader's unfinished stages, or a term that saw other events),
         switches first and hosts last. Returns the documents written."""
-        async with self._lock:
+        async with self._changing():
             states, kv = self.states, self.kv
             if states is None or kv is None or not self.is_leader():
                 return 0
