@@ -285,12 +285,11 @@ class Fabric:
 
     def copy(self) -> Fabric:
         """An independent copy: its containers are new, the entities shared (they are
-        frozen models, replaced and never changed in place). Tens of milliseconds at 10,000
-        nodes, where building it again from rows takes seconds."""
+        frozen models, replaced and never changed in place; so are a node's port lists).
+        ~30 ms at 10,000 nodes, where building it again from rows takes seconds."""
         new = Fabric(self.revision, self.next_link_id)
         new.__dict__.update({k: v.copy() if isinstance(v, dict) else v
                              for k, v in self.__dict__.items()})  # fmt: skip
-        new.node_ports = {n: list(ports) for n, ports in self.node_ports.items()}
         new._nets = {v: i.copy() for v, i in self._nets.items()}
         new._tep_points = {v: list(p) for v, p in self._tep_points.items()}
         return new
@@ -539,7 +538,7 @@ class Fabric:
         if issues := self._port_issues(port):
             raise FabricError(issues)
         self.ports[(node, port.name)] = port
-        self.node_ports[node].append(port.name)
+        self.node_ports[node] = [*self.node_ports[node], port.name]  # new: copies share it
         self._index_port(port)
         return [Change("port", "create", f"{node}:{port.name}", port)]
 
@@ -575,7 +574,7 @@ class Fabric:
             )
         self._unindex_port(port)
         del self.ports[(node, name)]
-        self.node_ports[node].remove(name)
+        self.node_ports[node] = [p for p in self.node_ports[node] if p != name]
         return [Change("port", "delete", f"{node}:{name}")]
 
     def _port_issues(self, port: Port) -> list[Issue]:

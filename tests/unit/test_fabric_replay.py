@@ -126,12 +126,19 @@ def test_the_hosts_a_change_touches_are_named_and_a_switch_change_names_none() -
 def test_a_copy_replays_while_the_original_stays_as_it_was() -> None:
     original = start()
     before = original.to_document()
+    ports = {node: list(names) for node, names in original.node_ports.items()}
     copy = original.copy()
     for _, operation in OPERATIONS:
         operation(copy)
+    # ... and a port of a node the original has goes: the new host's link, then its leaf port
+    copy.delete_link(copy.link_of_port[("leaf1", "swp9")])
+    copy.delete_port("leaf1", "swp9")
     assert original.to_document() == before and original.miscabled == {}
+    assert original.node_ports == ports  # a copy shares port lists: replaced, never changed
     assert copy.to_document() != before
     again = start()
     for _, operation in OPERATIONS:
         operation(again)
+    again.delete_link(again.link_of_port[("leaf1", "swp9")])
+    again.delete_port("leaf1", "swp9")
     same(copy, again)
