@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 from fixed_tokens import fixed_token
+from prometheus_client import REGISTRY
 from pydantic import TypeAdapter
 from standin_agents import StandInAgents
 
@@ -44,9 +45,21 @@ from thorn.events import (
     Trace,
     new_trace_id,
 )
-from thorn.fabric import Fabric
+from thorn.events import Change as EventChange
+from thorn.fabric import Change, Fabric
 from thorn.generators import leaf_spine
-from thorn.model import AdminState, LinkUpdate, TokenRole
+from thorn.model import (
+    AdminState,
+    Colour,
+    LinkSpec,
+    LinkUpdate,
+    NodeSpec,
+    PortSpec,
+    Role,
+    Tep,
+    TokenRole,
+    Workload,
+)
 from thorn.natsd import free_port
 from thorn.store import Store
 from thorn_pathcomp.app import create_app
@@ -327,6 +340,67 @@ async def test_a_recompute_with_nothing_changed_rewrites_nothing(
         async with client(app) as api:
             again = (await api.post("/api/v1/plan/recompute")).json()
             assert again["kind"] == "full" and again["published_nodes"] == 0
+
+
+def host5_joins(fabric: Fabric) -> list[Change]:
+    """A host single-homed on a new leaf1 port, with both TEPs and a workload."""
+    changes = fabric.add_port("leaf1", PortSpec(name="swp9", address="10.0.9.0/31"))
+    port = PortSpec(name="eth1", address="10.0.9.1/31")
+    changes += fabric.add_node(NodeSpec(name="host5", role=Role.host, ports=[port]))
+    changes += fabric.add_link(LinkSpec.model_validate({"a": "host5:eth1", "b": "leaf1:swp9"}))
+    changes += fabric.add_tep(Tep(node="host5", colour=Colour.red, address="10.224.9.9"))
+    changes += fabric.add_tep(Tep(node="host5", colour=Colour.blue, address="10.240.9.9"))
+    changes += fabric.add_workload(Workload(name="host5-vf0", node="host5", vni=1000,
+                                            mac="06:00:00:00:09:09", ip="100.64.9.9"))  # fmt: skip
+    return changes
+
+
+async def test_hosts_coming_and_going_are_planned_from_the_event_rows_as_a_full_plan_would(
+    fabric_store: Store, bus: Bus, tmp_path: Path
+) -> None:
+    def host_changes() -> float:
+        seen = REGISTRY.get_sample_value(
+            "thorn_pathcomp_topology_change_seconds_count", {"scope": "hosts"}
+        )
+        return seen or 0.0
+
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        async with client(app) as api:
+            for what, operation in (
+                ("host5 joins", host5_joins),
+                ("host5 leaves", lambda f: f.delete_node("host5", cascade=True)),
+            ):
+                await summarised_plan(api)  # between changes (a spare copy is made then)
+                before = host_changes()
+                fabric = await fabric_store.load()
+                changes = operation(fabric)
+                revision = await fabric_store.commit(
+                    changes, expected_revision=fabric.revision,
+                    next_link_id=fabric.next_link_id, actor="ops", action="test",
+                    target="host5", detail={},
+                )  # fmt: skip
+                rows = [EventChange(kind=c.kind, op=c.op, key=c.key,
+                                    value=c.value.model_dump(mode="json") if c.value else None)
+                        for c in changes]  # fmt: skip
+                await bus.publish(
+                    TopologyChanged(
+                        revision=revision, at=datetime.now(UTC), actor="ops", changes=rows
+                    )
+                )
+                await until(
+                    lambda at=revision: (
+                        service.fabric is not None and service.fabric.revision == at
+                    ),
+                    what,
+                )
+                assert host_changes() == before + 1, f"{what}: not planned from its rows"
+                assert service.fabric is not None
+                assert service.fabric.to_document() == (await fabric_store.load()).to_document()
+                # A full plan of the stored topology finds nothing to rewrite.
+                again = (await api.post("/api/v1/plan/recompute")).json()
+                assert again["published_nodes"] == 0, what
 
 
 async def test_a_host_cut_off_from_the_fabric_is_reported_unreachable(
