@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 from fixed_tokens import fixed_token
+from new_host import new_host
 from prometheus_client import REGISTRY
 from pydantic import TypeAdapter
 from standin_agents import StandInAgents
@@ -46,19 +47,12 @@ from thorn.events import (
     new_trace_id,
 )
 from thorn.events import Change as EventChange
-from thorn.fabric import Change, Fabric
+from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.model import (
     AdminState,
-    Colour,
-    LinkSpec,
     LinkUpdate,
-    NodeSpec,
-    PortSpec,
-    Role,
-    Tep,
     TokenRole,
-    Workload,
 )
 from thorn.natsd import free_port
 from thorn.store import Store
@@ -342,19 +336,6 @@ async def test_a_recompute_with_nothing_changed_rewrites_nothing(
             assert again["kind"] == "full" and again["published_nodes"] == 0
 
 
-def host5_joins(fabric: Fabric) -> list[Change]:
-    """A host single-homed on a new leaf1 port, with both TEPs and a workload."""
-    changes = fabric.add_port("leaf1", PortSpec(name="swp9", address="10.0.9.0/31"))
-    port = PortSpec(name="eth1", address="10.0.9.1/31")
-    changes += fabric.add_node(NodeSpec(name="host5", role=Role.host, ports=[port]))
-    changes += fabric.add_link(LinkSpec.model_validate({"a": "host5:eth1", "b": "leaf1:swp9"}))
-    changes += fabric.add_tep(Tep(node="host5", colour=Colour.red, address="10.224.9.9"))
-    changes += fabric.add_tep(Tep(node="host5", colour=Colour.blue, address="10.240.9.9"))
-    changes += fabric.add_workload(Workload(name="host5-vf0", node="host5", vni=1000,
-                                            mac="06:00:00:00:09:09", ip="100.64.9.9"))  # fmt: skip
-    return changes
-
-
 async def test_hosts_coming_and_going_are_planned_from_the_event_rows_as_a_full_plan_would(
     fabric_store: Store, bus: Bus, tmp_path: Path
 ) -> None:
@@ -369,7 +350,7 @@ async def test_hosts_coming_and_going_are_planned_from_the_event_rows_as_a_full_
         service: PathService = app.state.pathcomp
         async with client(app) as api:
             for what, operation in (
-                ("host5 joins", host5_joins),
+                ("host5 joins", new_host),
                 ("host5 leaves", lambda f: f.delete_node("host5", cascade=True)),
             ):
                 await summarised_plan(api)  # between changes (a spare copy is made then)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
+from new_host import new_host
 
 from thorn import generators
 from thorn.events import Change as EventChange
@@ -13,18 +14,11 @@ from thorn.events import TopologyChanged, utcnow
 from thorn.fabric import Change, Fabric, FabricError, NotFound
 from thorn.model import (
     AdminState,
-    Colour,
-    LinkSpec,
-    NodeSpec,
     NodeUpdate,
-    PortSpec,
     PortUpdate,
-    Role,
     Tenant,
     TenantUpdate,
-    Tep,
     Vni,
-    Workload,
 )
 
 Operation = Callable[[Fabric], list[Change]]
@@ -33,19 +27,6 @@ Operation = Callable[[Fabric], list[Change]]
 def start() -> Fabric:
     document = generators.generate("leaf_spine", {"spines": 2, "leaves": 2, "hosts_per_leaf": 2})
     return Fabric.from_document(document, 1)
-
-
-def new_host(f: Fabric) -> list[Change]:
-    """A fifth host on a new leaf port, with both TEPs and a workload."""
-    changes = f.add_port("leaf1", PortSpec(name="swp9", address="10.0.9.0/31"))
-    port = PortSpec(name="eth1", address="10.0.9.1/31")
-    changes += f.add_node(NodeSpec(name="host5", role=Role.host, ports=[port]))
-    changes += f.add_link(LinkSpec.model_validate({"a": "host5:eth1", "b": "leaf1:swp9"}))
-    changes += f.add_tep(Tep(node="host5", colour=Colour.red, address="10.224.9.9"))
-    changes += f.add_tep(Tep(node="host5", colour=Colour.blue, address="10.240.9.9"))
-    changes += f.add_workload(Workload(name="host5-vf0", node="host5", vni=1000,
-                                       mac="06:00:00:00:09:09", ip="100.64.9.9"))  # fmt: skip
-    return changes
 
 
 OPERATIONS: list[tuple[str, Operation]] = [
