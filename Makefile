@@ -54,7 +54,7 @@ lint: venv
 ## in Debian's headless chromium, the deploy lane: docker-compose.yml started for real with
 ## podman, and the kernel lane)
 test: venv test-deps lint dashboard
-	$(BIN)/pytest -q tests/unit tests/integration tests/deploy tests/fabric tests/browser
+	$(BIN)/pytest -q --durations=25 tests/unit tests/integration tests/deploy tests/fabric tests/browser
 	$(BIN)/pytest -q tests/deploy_lane  # its own run: the browser lane's Playwright holds a loop
 	$(BIN)/python tests/kernel/lane.py
 
