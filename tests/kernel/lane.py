@@ -247,6 +247,7 @@ def run_in_guest(scratch: Path, pytest_args: Sequence[str]) -> int:
         "no:cacheprovider",
         f"--junitxml={scratch / JUNIT_XML}",
         f"--color={os.environ.get('THORN_LANE_COLOR', 'no')}",
+        "--durations=15",  # the lane is most of make test's time: show where it goes
     ]
     if not any(a.startswith("--confcutdir") for a in pytest_args):
         # tests/conftest.py imports the whole store and bus stack (~1 s on the host, tens of
