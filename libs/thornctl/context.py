@@ -44,11 +44,9 @@ class State:
             self._client.close()
 
 
-def verify_with(ca: Path | None) -> ssl.SSLContext | bool:
+def verify_with(ca: Path | None) -> ssl.SSLContext:
     """--ca: a TLS context trusting that CA file (checked now: a missing or non-PEM file is
-    a CliError, exit 66); None: the system's CAs."""
-    if ca is None:
-        return True
+    a CliError, exit 66); None: the system's CAs (OpenSSL's default paths, SSL_CERT_FILE)."""
     try:
         return client_context(ca, ca_variable="--ca")
     except TlsSettingError as exc:
