@@ -73,6 +73,8 @@ class _Topology:
     offload: dict[str, str]  # host -> its offload policy
     members: dict[int, list[dict[str, Any]]]  # VNI -> workloads with their hosts' TEPs
     peers: dict[str, set[str]] | None = None  # host -> its peer hosts (made when first asked)
+    # VNI -> its member hosts that have no red TEP (made when first asked).
+    no_red: dict[int, set[str]] | None = None
     # Every TEP as a number, sorted, per colour and address family (made from `tep` unless
     # given); each pool is the smallest prefix covering one such list, where group
     # prefixes may widen to.
@@ -93,6 +95,14 @@ class _Topology:
             while int(network.broadcast_address) < numbers[-1]:
                 network = network.supernet()
             self.pools[(colour, version)] = network
+
+    def members_without_red(self, vni: int) -> set[str]:
+        if self.no_red is None:
+            self.no_red = {}
+            for number, members in self.members.items():
+                if hosts := {m["host"] for m in members if m["red"] is None}:
+                    self.no_red[number] = hosts
+        return self.no_red.get(vni, set())
 
     @classmethod
     def of(cls, fabric: Fabric) -> _Topology:
@@ -409,12 +419,16 @@ class DesiredStates:
         local = topo.local.get(host, [])
         vnis = sorted({w["vni"] for w in local})
         gaps = self._red_gaps(source)
-        blue_peers: list[str] = []
-        if gaps or topo.missing_red:  # rare: scan this host's peers for ones red cannot reach
-            blue_peers = sorted({
-                m["host"] for vni in vnis for m in topo.members.get(vni, [])
-                if m["host"] != host and (m["red"] is None or graph.group_of(m["host"]) in gaps)
-            })  # fmt: skip
+        # Peers red cannot reach: those without a red TEP, and (rare) those in groups only
+        # blue reaches from here. Not a scan of every member per host: one host without a
+        # red TEP in a VNI of 8,192 made that 67 million steps (135 s at k=32).
+        blue_peers: set[str] = set()
+        for vni in vnis if gaps or topo.missing_red else ():
+            blue_peers |= topo.members_without_red(vni)
+            if gaps:
+                blue_peers |= {m["host"] for m in topo.members.get(vni, [])
+                               if graph.group_of(m["host"]) in gaps}  # fmt: skip
+        blue_peers.discard(host)
         return {
             "kind": "host",
             "node": host,
@@ -422,7 +436,7 @@ class DesiredStates:
             "routes": sorted(routes, key=lambda r: (r["prefix"], r["colour"] or "")),
             "local": local,
             "vnis": vnis,
-            "blue_peers": blue_peers,
+            "blue_peers": sorted(blue_peers),
             "offload": topo.offload.get(host, "auto"),
         }
 
