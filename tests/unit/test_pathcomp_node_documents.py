@@ -316,3 +316,18 @@ def test_host_changes_rewrite_only_what_a_full_build_would_change(
                     tables[change.node] = {(r["prefix"], r["colour"]): r for r in routes}
             walk_all(tables)
         states = new
+
+
+def test_a_peer_without_a_red_tep_is_a_blue_peer_of_every_host_sharing_its_vni() -> None:
+    fabric = Fabric.from_document(fat_tree(4))
+    fabric.delete_tep("host1-1-2", Colour.red)
+    states = DesiredStates.build(fabric, Plan.compute(fabric), revision=1)
+    peers = [h for h in states.hosts if h != "host1-1-2"]
+    for host in peers:
+        assert HostState.model_validate_json(states.document(host)).blue_peers == ["host1-1-2"]
+    assert HostState.model_validate_json(states.document("host1-1-2")).blue_peers == []
+    # ... and one the red TEP comes back to is nobody's again.
+    fabric.add_tep(Tep(node="host1-1-2", colour=Colour.red, address="10.224.0.1"))
+    plan = Plan.compute(fabric)
+    again = DesiredStates.build(fabric, plan, revision=2)
+    assert all(HostState.model_validate_json(again.document(h)).blue_peers == [] for h in peers)
