@@ -283,9 +283,12 @@ class Settings(BaseSettings):
         return ",".join(items)
 
     @classmethod
-    def from_environment(cls, program: str) -> Settings:
+    def from_environment(cls, program: str, arguments: list[str] | None = None) -> Settings:
         """The settings; a bad one ends the process with one line per variable at fault
-        (`program: THORN_X: what is wrong`, never its value) and exit 78 (EX_CONFIG)."""
+        (`program: THORN_X: what is wrong`, never its value) and exit 78 (EX_CONFIG).
+        The programs take no arguments: `--help` lists the variables, anything else is a
+        usage error (exit 2) rather than a controller started with it ignored."""
+        cls._no_arguments(program, sys.argv[1:] if arguments is None else arguments)
         try:
             return cls()
         except ValidationError as exc:
@@ -294,6 +297,21 @@ class Settings(BaseSettings):
                 reason = str(error["msg"]).removeprefix("Value error, ")
                 print(f"{program}: {name}: {reason}", file=sys.stderr)
             raise SystemExit(os.EX_CONFIG) from None
+
+    @classmethod
+    def _no_arguments(cls, program: str, arguments: list[str]) -> None:
+        if not arguments:
+            return
+        if arguments[0] in ("-h", "--help"):
+            print(f"usage: {program}\n\nNo arguments: settings are environment variables "
+                  "(docs/operations.md has the whole reference):\n")  # fmt: skip
+            for name, info in cls.model_fields.items():
+                print(f"  THORN_{name.upper():<30} {info.description or ''}".rstrip())
+            raise SystemExit(0)
+        given = " ".join(arguments)
+        print(f"{program}: takes no arguments (got {given!r}); settings are THORN_* "
+              f"environment variables: {program} --help lists them", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
 
     @classmethod
     def unknown_environment(cls) -> list[str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -150,3 +152,17 @@ async def test_a_thorn_store_is_untouched_by_a_start_pointed_at_the_wrong_databa
     status, line, printed = refused("thorn-topology", wrong_database(postgres_url), tmp_path)
     assert_refusal(status, line, printed, "no_such_database", os.EX_CONFIG)
     assert snapshot(postgres_url) == before
+
+
+@pytest.mark.parametrize("program", ["thorn-run", "thorn-topology", "thorn-programmer"])
+def test_a_program_takes_no_arguments_and_says_where_its_settings_are(program: str) -> None:
+    binary = Path(sys.executable).with_name(program)
+    helped = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and helped.stdout.startswith(f"usage: {program}")
+    assert "THORN_DATABASE_URL" in helped.stdout and "THORN_NATS_URL" in helped.stdout
+    wrong = subprocess.run([binary, "--port", "9"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stdout == ""
+    assert wrong.stderr.strip() == (
+        f"{program}: takes no arguments (got '--port 9'); settings are THORN_* environment "
+        f"variables: {program} --help lists them"
+    )

@@ -35,7 +35,7 @@ def test_a_process_with_bad_settings_exits_78_naming_each_variable_never_its_val
     monkeypatch.setenv("THORN_ADMIN_TOKEN", "thn_my-own-secret")  # not a token's shape
     monkeypatch.setenv("THORN_TRUSTED_PROXIES", "10.0.0.1,gateway")
     with pytest.raises(SystemExit) as exited:
-        Settings.from_environment("thorn-topology")
+        Settings.from_environment("thorn-topology", arguments=[])
     assert exited.value.code == 78
     err = capsys.readouterr().err
     assert err.splitlines() == [
