@@ -51,6 +51,7 @@ from thorn.auth import new_token
 from thorn.config import Settings
 from thorn.natsd import EmbeddedNats, NatsServerError, NatsServerTls, free_port
 from thorn.proc import die_with_parent
+from thorn.store.database import masked
 from thorn.supervisor import Restart, Supervisor
 from thorn.telemetry import configure_logging
 from thorn.tls import client_context
@@ -430,6 +431,8 @@ def main() -> None:
             bfd_note(settings) if lab_built is not None else None,
             tls.ca if tls else None,
             identities.admin,
+            # PostgreSQL's URL with its password as ***
+            masked(settings.database_url) if settings.database_url is not None else None,
         )
         write_run_file(data_dir / RUN_FILE, children, nats, lab_built, tls.ca if tls else None,
                        identities.admin)  # fmt: skip
@@ -560,6 +563,7 @@ def _report(
     bfd: str | None,
     ca: Path | None = None,
     nats_admin: Path | None = None,
+    store: str | None = None,
 ) -> None:
     table = Table(title="THORN is running", show_header=False)
     entry = next(c for c in children if c.name == "gateway")
@@ -583,7 +587,7 @@ def _report(
             f"local CA {ca}: thornctl --ca {ca} (or THORN_CA), curl --cacert {ca}; "
             f"NATS clients: THORN_NATS_CA={ca}",
         )
-    table.add_row("store", str(data_dir / "thorn.db"))
+    table.add_row("store", store or str(data_dir / "thorn.db"))
     table.add_row(
         "fabric",
         f"revision {summary['revision']}: {summary['switches']} switches, "

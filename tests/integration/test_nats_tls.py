@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import structlog
 
 from thorn import local_ca
 from thorn.bus import Bus, BusConnectError
@@ -73,8 +74,13 @@ async def test_a_client_with_a_ca_refuses_a_server_that_does_not_speak_tls(
     ca: local_ca.LocalCA,
 ) -> None:
     async with EmbeddedNats() as plain:
-        with pytest.raises(BusConnectError, match="does not use TLS"):
+        with (
+            structlog.testing.capture_logs() as events,
+            pytest.raises(BusConnectError, match="does not use TLS"),
+        ):
             await Bus.connect(plain.url, tls=client_context(ca.ca, ca_variable="CA"))
+    # its own refusal is not an outage
+    assert not [e for e in events if e["event"] == "nats_disconnected"]
 
 
 async def test_a_server_that_verifies_clients_takes_only_those_with_a_certificate_of_its_ca(

@@ -225,6 +225,7 @@ def test_a_whole_run_shows_none_of_its_secrets_in_logs_errors_status_or_metrics(
     captured["API answers"] = "\n".join(answers)
     found = {where: leaks(text, secrets) for where, text in captured.items()}
     assert {where: names for where, names in found.items() if names} == {}
+    assert "postgres:***@" in "".join(captured["thorn-run.out"].split("\n"))  # the store row
     # the run was real: the failures were logged and the API answered them
     assert any(re.search(r"-> 401 ", a) for a in answers)
     assert len(secrets) >= 8

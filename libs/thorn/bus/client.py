@@ -107,10 +107,11 @@ class Bus:
             raise BusConnectError("no NATS server given (THORN_NATS_URL is empty)")
         holder: list[Bus] = []
         last_error: list[str] = []  # the latest failure, for the error if none connects
+        refused: list[bool] = []  # set when this refuses the server it reached
         nc = NatsClient()
 
         async def on_disconnected() -> None:
-            if holder and holder[0]._closing:
+            if refused or (holder and holder[0]._closing):
                 return  # our own close(), not an outage
             DISCONNECTS.labels(name).inc()
             if holder:
@@ -170,6 +171,7 @@ class Bus:
         if tls is not None and not nc._server_info.get("tls_required"):
             # nats-py goes plain with a server that does not ask for TLS: not with a CA set.
             server = _server_of(nc)
+            refused.append(True)
             await nc.close()
             raise BusConnectError(
                 f"the NATS server at {server} does not use TLS, but a CA to verify it with was "
