@@ -34,13 +34,15 @@ run: venv dashboard
 	$(BIN)/thorn-run
 
 ## test-deps: system packages the test lanes need (strace: golden netlink captures of tc;
-## frr: bfdd as the BFD interop peer of the fabric lane; chromium: the browser tests;
+## frr: bfdd as the BFD interop peer of the fabric lane; bird2: the BFD authentication
+## interop peer (FRR 8.4 has none); chromium: the browser tests;
 ## postgresql: initdb and pg_ctl for the server the restart tests start, stop and kill)
 test-deps:
 	@command -v psql >/dev/null || (apt-get update -qq && apt-get install -y -qq postgresql-client)
 	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq postgresql)
 	@command -v strace >/dev/null || (apt-get update -qq && apt-get install -y -qq strace)
 	@test -x /usr/lib/frr/bfdd || (apt-get update -qq && apt-get install -y -qq frr)
+	@test -x /usr/sbin/bird || (apt-get update -qq && apt-get install -y -qq bird2)
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
 ## lint: ruff and mypy over the whole tree

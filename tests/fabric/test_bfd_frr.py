@@ -6,7 +6,8 @@ Proves, with the recipe in docs/bfd.md: sessions come Up whoever starts
 first and stay Up (no slow-start flaps); timers are negotiated as RFC 5880 says, seen from both
 ends (FRR's `show bfd peers json` and our `sessions()`); a cut is detected by us within
 multiplier x interval and a stopped bfdd too; FRR detects our failure the same way; AdminDown
-on removal; multihop (RFC 5883). Measured times are printed (run with -s).
+on removal; multihop (RFC 5883); and that FRR 8.4, which has no BFD authentication, never
+brings an authenticating session of ours Up. Measured times are printed (run with -s).
 """
 
 from __future__ import annotations
@@ -28,7 +29,16 @@ import pytest
 
 from thorn_lab import bpf
 from thorn_lab.rtnl import Rtnl
-from thorn_programmer.bfd import BfdEvent, BfdManager, Diag, SessionConfig, State
+from thorn_programmer.bfd import (
+    AuthKey,
+    AuthType,
+    BfdAuth,
+    BfdEvent,
+    BfdManager,
+    Diag,
+    SessionConfig,
+    State,
+)
 
 BFDD = Path("/usr/lib/frr/bfdd")
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
@@ -155,10 +165,12 @@ class Lab:
     manager: BfdManager
     events: Recorder
 
-    def session(self, *, multihop: bool = False, tx_us: int = 10_000, rx_us: int = 10_000) -> int:
+    def session(self, *, multihop: bool = False, tx_us: int = 10_000, rx_us: int = 10_000,
+                auth: BfdAuth | None = None) -> int:  # fmt: skip
         peer, local = (FRR_LO, US_LO) if multihop else (FRR, US)
         disc = 0x10 + len(self.manager.sessions()) + (0x100 if multihop else 0)
-        config = SessionConfig(disc, peer, local, tx_us, rx_us, MULT, multihop=multihop)
+        config = SessionConfig(disc, peer, local, tx_us, rx_us, MULT, multihop=multihop,
+                               auth=auth)  # fmt: skip
         self.manager.add(config, ifname=None if multihop else "us0", netns=self.us)
         return disc
 
@@ -356,3 +368,29 @@ def test_multihop_interop(lab: Lab) -> None:
     took_ms = (down.monotonic - t0) * 1000
     print(f"\nmultihop silent drop: detected after {took_ms:.1f} ms")
     assert down.multihop and took_ms <= MULT * INTERVAL_MS + SLACK_MS
+
+
+def test_frr_8_4_cannot_authenticate_so_an_authenticating_session_stays_down(lab: Lab) -> None:
+    """Debian's FRR 8.4 has no BFD authentication (docs/bfd.md, "Authentication"): it sends
+    no auth section, so a session of ours that authenticates refuses every FRR packet
+    (`auth_missing`) and never comes Up; it does not fall back to running unauthenticated.
+    FRR 8.4 in turn reads our signed packets as plain ones (it checks neither the A bit nor
+    the section): it learns our discriminator and goes Init (then Down again after 3 s, as
+    our packets, which never learned its discriminator, cannot hold Init). Should a newer FRR
+    refuse them, this test fails, and docs/bfd.md's interop notes need updating."""
+    lab.frr.start(frr_config(US, FRR))
+    auth = BfdAuth(AuthType.METICULOUS_KEYED_SHA1, (AuthKey(1, b"frr-has-no-key"),), 1)
+    disc = lab.session(auth=auth)
+    seen: list[tuple[str, int]] = []
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while lab.manager.counters().dropped.get("auth_missing", 0) < 5 or (
+        "init", disc) not in seen:  # fmt: skip
+        assert time.monotonic() < deadline, f"{lab.manager.counters()}, FRR: {seen}"
+        theirs = lab.frr.peer(US)
+        seen.append((theirs["status"], theirs["remote-id"]))
+        time.sleep(0.1)
+    print(f"\nFRR 8.4 facing our signed packets: {sorted(set(seen))}")
+    assert "up" not in {status for status, _ in seen}
+    assert set(lab.manager.counters().dropped) == {"auth_missing"}
+    assert [s.state for s in lab.manager.sessions()] == [State.DOWN]
+    assert lab.events.events == []
