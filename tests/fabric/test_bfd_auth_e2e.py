@@ -6,7 +6,7 @@ Proves the wiring from the file to the wire: every session of every node starts 
 keys its rule gives (links Meticulous, peer TEPs Keyed SHA1), all come Up with nothing
 refused, the programmer's `/bfd` says how each authenticates without a secret; then a key
 rotation written to the file in three steps reaches the running sessions in place: no
-session goes Down and no packet is refused.
+session goes Down and no packet is refused; no secret appears in anything the run logged.
 """
 
 from __future__ import annotations
@@ -45,7 +45,11 @@ def write(path: Path, text: str) -> None:
 
 
 async def test_every_session_authenticates_and_a_rotation_through_the_file_flaps_none(
-    make_lab: Any, nats: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_lab: Any,
+    nats: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
     monkeypatch.setattr(programmer_module, "BFD_AUTH_CHECK_SECONDS", 0.2)
     keys = tmp_path / "bfd-auth.toml"
@@ -91,3 +95,9 @@ async def test_every_session_authenticates_and_a_rotation_through_the_file_flaps
         assert not [r for r in counters.dropped if r.startswith("auth")], counters.dropped
         assert counters.state_changes.get("down", 0) == downs
         assert all(s.state.name == "UP" for s in bfd.sessions())
+    # Every log line of the run (the services', the BFD child's): the rules, the reloads,
+    # no secret.
+    logged = "".join(capfd.readouterr())
+    assert "bfd_auth_rules" in logged and logged.count("bfd_auth_reloaded") == 3
+    for secret in (OLD, NEW, PEERS_SECRET_HEX):
+        assert secret not in logged
