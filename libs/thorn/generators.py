@@ -64,11 +64,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from ipaddress import IPv4Address
-from typing import Any, NamedTuple, Self
+from typing import Annotated, Any, NamedTuple, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from thorn.model import Colour, FabricDocument, Role
+from thorn.model import Colour, FabricDocument, JsonInt, Role
 from thorn.watchdog import gc_paused
 
 __all__ = [
@@ -531,6 +531,10 @@ def dual_plane(
 # --- the registry --------------------------------------------------------------------------
 
 
+# A parameter is a JSON integer: 4 or 4.0, not true (JsonInt).
+Count = Annotated[int, JsonInt]
+
+
 class _Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -538,6 +542,7 @@ class _Params(BaseModel):
 def _workloads_field() -> Any:
     return Field(
         default=True,
+        strict=True,  # JSON's true or false: pydantic would also read 1, "yes"
         description="give every host one workload (<host>-vf0) in VNI 1000 of tenant 'default'",
     )
 
@@ -553,9 +558,9 @@ class LeafSpineParams(_Params):
         }
     )
 
-    spines: int = Field(default=2, ge=1, le=MAX_SPINES, description="number of spine switches")
-    leaves: int = Field(default=4, ge=1, le=MAX_LEAVES, description="number of leaf switches")
-    hosts_per_leaf: int = Field(
+    spines: Count = Field(default=2, ge=1, le=MAX_SPINES, description="number of spine switches")
+    leaves: Count = Field(default=4, ge=1, le=MAX_LEAVES, description="number of leaf switches")
+    hosts_per_leaf: Count = Field(
         default=4,
         ge=1,
         le=MAX_HOSTS_PER_LEAF,
@@ -563,6 +568,7 @@ class LeafSpineParams(_Params):
     )
     dual_homed: bool = Field(
         default=False,
+        strict=True,
         description="attach each host to a leaf pair (leaf 2i-1 and 2i); needs an even leaf count",
     )
     workloads: bool = _workloads_field()
@@ -576,7 +582,7 @@ class LeafSpineParams(_Params):
 class FatTreeParams(_Params):
     """Three-tier k-ary fat-tree (Al-Fares): k pods, (k/2)^2 cores, k^3/4 hosts."""
 
-    k: int = Field(
+    k: Count = Field(
         default=4,
         ge=2,
         le=MAX_FAT_TREE_K,
@@ -594,16 +600,16 @@ class FatTreeParams(_Params):
 class RailOptimizedParams(_Params):
     """Rail-optimized GPU fabric: one host per server with a port per rail, rail leaves, spines."""
 
-    servers_per_su: int = Field(
+    servers_per_su: Count = Field(
         default=32, ge=1, le=MAX_SERVERS_PER_SU, description="GPU servers per scalable unit"
     )
-    rails: int = Field(
+    rails: Count = Field(
         default=8, ge=1, le=MAX_RAILS, description="NICs (rails) per server = rail leaves per SU"
     )
-    scalable_units: int = Field(
+    scalable_units: Count = Field(
         default=1, ge=1, le=MAX_SCALABLE_UNITS, description="number of scalable units"
     )
-    spines: int = Field(
+    spines: Count = Field(
         default=8, ge=1, le=MAX_SPINES, description="spine switches; each connects to every leaf"
     )
     workloads: bool = _workloads_field()
@@ -617,13 +623,13 @@ class RailOptimizedParams(_Params):
 class DualPlaneParams(_Params):
     """Two independent leaf-spine planes A and B; every host has one port in each."""
 
-    spines_per_plane: int = Field(
+    spines_per_plane: Count = Field(
         default=2, ge=1, le=MAX_SPINES, description="spine switches in each plane"
     )
-    leaves_per_plane: int = Field(
+    leaves_per_plane: Count = Field(
         default=4, ge=1, le=MAX_LEAVES, description="leaf switches in each plane"
     )
-    hosts_per_leaf: int = Field(
+    hosts_per_leaf: Count = Field(
         default=4, ge=1, le=MAX_HOSTS_PER_LEAF, description="hosts on each leaf (in each plane)"
     )
     workloads: bool = _workloads_field()

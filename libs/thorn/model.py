@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.json_schema import JsonSchemaValue
-from pydantic_core import CoreSchema
+from pydantic_core import CoreSchema, PydanticCustomError
 
 FABRIC_FORMAT: Literal["thorn.fabric/v1"] = "thorn.fabric/v1"
 
@@ -68,8 +68,22 @@ Labels = Annotated[
     ),
 ]
 SrlgName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,62}$")]
-VniNumber = Annotated[int, Field(ge=1, le=16_777_215, description="VXLAN network identifier")]
-SpeedMbps = Annotated[int, Field(ge=1, le=1_600_000, description="port speed in Mb/s")]
+
+
+def _json_integer(value: object) -> object:
+    """An integer as JSON Schema reads one: 3 or 3.0, not true or "3", which pydantic's lax
+    int would also read (as 1 and 3)."""
+    if isinstance(value, bool | str | bytes):
+        raise PydanticCustomError("int_type", "Input should be a valid integer")
+    return value
+
+
+JsonInt = BeforeValidator(_json_integer)
+# (JsonInt after the constraints: before them, pydantic documents ge/le, not minimum/maximum.)
+VniNumber = Annotated[
+    int, Field(ge=1, le=16_777_215, description="VXLAN network identifier"), JsonInt
+]
+SpeedMbps = Annotated[int, Field(ge=1, le=1_600_000, description="port speed in Mb/s"), JsonInt]
 
 _MAC_RE = re.compile(r"^[0-9a-f]{2}([:-]?)[0-9a-f]{2}(\1[0-9a-f]{2}){4}$")
 
@@ -381,7 +395,10 @@ class LinkSpec(Strict):
     @model_validator(mode="after")
     def _not_a_self_loop(self) -> LinkSpec:
         if self.a.node == self.b.node:
-            raise ValueError(f"link joins node '{self.a.node}' to itself (self-loop)")
+            # A rule across fields, which no JSON schema can state: its own error type
+            # (`value`, as the routes' cross-field checks), not a field's value_error.
+            msg = "link joins node '{node}' to itself (self-loop)"
+            raise PydanticCustomError("value", msg, {"node": self.a.node})
         return self
 
 
@@ -419,6 +436,7 @@ IbTimeout = Annotated[
         " 1-31 (0, the IB spec's infinite timeout, leaves no budget to judge); null: not"
         f" declared, NCCL's default {NCCL_DEFAULT_IB_TIMEOUT} applies",
     ),
+    JsonInt,
 ]
 IbRetryCnt = Annotated[
     int,
@@ -429,6 +447,7 @@ IbRetryCnt = Annotated[
         f" pair fails, 0-7; null: not declared, NCCL's default {NCCL_DEFAULT_IB_RETRY_CNT}"
         " applies",
     ),
+    JsonInt,
 ]
 Description = Annotated[str, StringConstraints(max_length=1000)]
 
@@ -503,7 +522,9 @@ class FabricDocument(Strict):
     """The import/export format: a whole fabric in one document (JSON; thornctl also reads YAML)."""
 
     format: Literal["thorn.fabric/v1"] = FABRIC_FORMAT
-    revision: int | None = Field(default=None, description="set on export; ignored on import", ge=0)
+    revision: Annotated[int, Field(ge=0), JsonInt] | None = Field(
+        default=None, description="set on export; ignored on import"
+    )
     nodes: list[NodeSpec] = Field(default_factory=list)
     links: list[Annotated[SerializeAsAny[LinkSpec], DocumentedAs(DocumentLink)]] = Field(
         default_factory=list, description="on export each link also carries its `id`"
@@ -560,6 +581,7 @@ TtlSeconds = Annotated[
         description="the token expires this many seconds after it is made (60 s to 10 years);"
         " give this or expires_at, not both",
     ),
+    JsonInt,
 ]
 ExpiresAt = Annotated[
     AwareDatetime,
@@ -590,7 +612,7 @@ class TokenRotate(TokenExpiry):
     """A new secret for a token; the old one keeps working for `overlap_seconds`. Without
     expires_at or ttl_seconds the token keeps the expiry it has."""
 
-    overlap_seconds: int = Field(
+    overlap_seconds: Annotated[int, JsonInt] = Field(
         TOKEN_OVERLAP_DEFAULT_S,
         ge=0,
         le=TOKEN_OVERLAP_MAX_S,

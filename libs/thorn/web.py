@@ -17,10 +17,12 @@ from fastapi import FastAPI, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, BeforeValidator, Field
+from pydantic_core import PydanticCustomError
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from thorn.fabric import FabricError, NotFound
@@ -99,6 +101,22 @@ class PageParams(BaseModel):
 PageQuery = Annotated[PageParams, Query()]
 
 
+def _time_text(value: object) -> object:
+    """A time in a query is RFC 3339 text, as the document's date-time format says;
+    pydantic would also read a number as a Unix time (`?until=0.5` was 1970)."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return value
+        msg = "Input should be a time such as 2026-12-04T18:00:00Z, not a number"
+        raise PydanticCustomError("datetime_type", msg)
+    return value
+
+
+QueryTime = Annotated[AwareDatetime, BeforeValidator(_time_text)]
+
+
 def paginate(items: Sequence[T], page: PageParams) -> Page[T]:
     return Page(
         items=list(items[page.offset : page.offset + page.limit]),
@@ -142,12 +160,30 @@ class FieldError(Exception):
         return error
 
 
+HTTP_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT", "TRACE")
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method the request's path has, for a 405's Allow header: each method the
+    router would take at this path. Starlette's 405 names the methods of the first route
+    whose path matched, so a path of a GET and a POST route answered `Allow: GET`."""
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in HTTP_METHODS
+        if any(r.matches({**request.scope, "method": method})[0] == Match.FULL for r in routes)
+    )
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         # 401/403 and friends: the same body shape as every other error.
         body = ErrorBody(detail=str(exc.detail))
-        return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == status.HTTP_405_METHOD_NOT_ALLOWED:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(FieldError)
     async def _field(request: Request, exc: FieldError) -> JSONResponse:

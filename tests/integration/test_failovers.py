@@ -230,6 +230,8 @@ async def test_failovers_filter_page_and_refuse_bad_filters_naming_the_field(
                 ({"link": "five"}, "link"),
                 ({"since": "yesterday"}, "since"),
                 ({"since": "2026-12-01T10:00:00"}, "since"),  # no timezone
+                ({"until": "0.5"}, "until"),  # a number, not a time (was 1970: the fuzz lane)
+                ({"since": "1764842400"}, "since"),
                 ({"since": middle, "until": scene.t0.isoformat()}, "until"),
                 ({"node": "n" * 64}, "node"),
                 ({"limit": "0"}, "limit"),

@@ -100,6 +100,49 @@ def test_a_path_no_service_declares_is_a_404_naming_it(one_url: str) -> None:
     assert "/api/v1/nothing-here" in answer.json()["detail"]
 
 
+def test_a_name_with_a_character_no_url_may_hold_reaches_the_service_still_encoded(
+    one_url: str,
+) -> None:
+    """Found by the API fuzz lane: the entry point sent the decoded path on, and a name with
+    a control character (%08) was a 500 from the entry point itself."""
+    answer = httpx.get(f"{one_url}/api/v1/nodes/e%08%C2%80p", headers=AS_ADMIN)
+    assert answer.status_code == 404, answer.text
+    assert answer.json()["detail"] == "path: node 'e\x08\x80p' not found"
+
+
+def raw_status(url: str, path: str, header: bytes) -> int:
+    """The status of a GET with `header` sent byte for byte (an HTTP library would refuse
+    to send some of what a client on the network can)."""
+    host, port = url.removeprefix("http://").split(":")
+    request = f"GET {path} HTTP/1.1\r\nHost: thorn\r\nConnection: close\r\n".encode()
+    with socket.create_connection((host, int(port)), timeout=30) as conn:
+        conn.sendall(request + header + b"\r\n\r\n")
+        reply = b""
+        while chunk := conn.recv(65536):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+def test_a_token_header_the_entry_point_cannot_pass_on_as_text_is_refused_as_a_bad_token(
+    one_url: str,
+) -> None:
+    """Found by the API fuzz lane: an Authorization value with a byte over 0x7f was a 500,
+    and one ending in whitespace a 502 that marked the service down for every client."""
+    for header in (b"Authorization: Bearer thn_\xff\xfe", b"Authorization: Bearer thn_x \t"):
+        assert raw_status(one_url, "/api/v1/nodes", header) == 401, header
+    assert httpx.get(f"{one_url}/api/v1/nodes", headers=AS_ADMIN).status_code == 200
+
+
+def test_a_method_a_path_lacks_is_a_405_naming_every_method_the_path_has(one_url: str) -> None:
+    """Found by the API fuzz lane: OPTIONS was answered by the entry point with its own
+    methods, and a service's 405 named only the first route of the path (GET of GET and
+    POST /nodes)."""
+    for method in ("OPTIONS", "PUT"):
+        answer = httpx.request(method, f"{one_url}/api/v1/nodes", headers=AS_ADMIN)
+        assert answer.status_code == 405, (method, answer.text)
+        assert answer.headers["allow"] == "GET, POST", method
+
+
 def test_the_merged_openapi_document_has_every_service_s_paths(one_url: str) -> None:
     paths = httpx.get(f"{one_url}/openapi.json").json()["paths"]
     for path in ("/api/v1/fabric/summary", "/api/v1/plan", "/api/v1/health/links"):

@@ -418,10 +418,16 @@ def test_size_limit_allows_the_documented_maximums() -> None:
         LeafSpineParams(spines=8, leaves=100, hosts_per_leaf=200)
 
 
-def test_params_accept_json_style_input() -> None:
-    params = LeafSpineParams.model_validate({"spines": "2", "leaves": 2, "hosts_per_leaf": 1})
+def test_params_take_json_integers_and_booleans_only() -> None:
+    """As the OpenAPI document says (JSON Schema's integer and boolean): 2.0 is the integer
+    2; the text "2" and true are not integers, 1 is not a boolean (the API fuzz lane found
+    all three accepted)."""
+    params = LeafSpineParams.model_validate({"spines": 2.0, "leaves": 2, "hosts_per_leaf": 1})
     assert params.spines == 2
     assert generate("leaf_spine", params.model_dump()) == leaf_spine(2, 2, 1)
+    for wrong in ({"spines": "2"}, {"spines": True}, {"dual_homed": 1}, {"workloads": "yes"}):
+        with pytest.raises(ValidationError):
+            LeafSpineParams.model_validate(wrong)
 
 
 # --- property-based -------------------------------------------------------------------------

@@ -28,9 +28,14 @@ from thorn.model import (
     MacAddress,
     NodeSpec,
     NodeUpdate,
+    PortSpec,
+    Tenant,
     TenantUpdate,
+    TokenCreate,
+    TokenRotate,
     UsableAddress,
     UsableInterface,
+    Vni,
 )
 from thorn_topology.app import create_app
 from thorn_topology.events_api import KINDS
@@ -249,3 +254,30 @@ def test_the_document_names_every_event_kind_and_only_those() -> None:
     document = Draft202012Validator(query_schema("/api/v1/events", "kind"))
     assert document.is_valid(list(KINDS))
     assert not document.is_valid(["gossip"])
+
+
+@pytest.mark.parametrize(
+    ("model", "valid", "field", "low"),
+    [
+        (Tenant, {"name": "t"}, "nccl_ib_timeout", 1),
+        (TenantUpdate, {}, "nccl_ib_retry_cnt", 0),
+        (PortSpec, {"name": "eth1"}, "speed_mbps", 1),
+        (Vni, {"name": "v", "tenant": "t"}, "vni", 1),
+        (FabricDocument, {}, "revision", 0),
+        (TokenRotate, {}, "overlap_seconds", 0),
+        (TokenCreate, {"name": "ci", "role": "viewer"}, "ttl_seconds", 60),
+    ],
+)
+def test_an_integer_field_takes_what_json_schema_calls_an_integer(
+    model: type[BaseModel], valid: dict[str, Any], field: str, low: int
+) -> None:
+    """3.0 is an integer to JSON Schema; true and "3" are not, though pydantic's lax int
+    reads them (found by the API fuzz lane: `"nccl_ib_retry_cnt": false` was stored as 0)."""
+    schema = Draft202012Validator(model.model_json_schema())
+    for ok in (low, float(low)):
+        assert schema.is_valid({**valid, field: ok})
+        model.model_validate_json(json.dumps({**valid, field: ok}))
+    for wrong in (True, False, str(low), low - 1):  # and the range still documented
+        assert not schema.is_valid({**valid, field: wrong})
+        with pytest.raises(ValidationError):
+            model.model_validate_json(json.dumps({**valid, field: wrong}))

@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote_from_bytes
 
 import httpx
 import structlog
@@ -59,6 +60,9 @@ HEALTH_EVERY_S = 2.0  # active health: every replica's /healthz this often
 # does, so a request is not sent on a connection the service is just closing (a broken POST).
 KEEPALIVE_S = 2.0
 RETRY_AFTER_S = "1"
+# What a path may carry as it is (RFC 3986's pchar, '/' and '%' escapes already made).
+PATH_SAFE = "/%:@!$&'()*+,;=-._~"
+FORWARDED_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE"]
 # What became of one attempt of a request at one replica.
 ANSWERED, NOT_CONNECTED, BROKEN, TIMED_OUT = "answered", "not_connected", "broken", "timed_out"
 
@@ -222,7 +226,7 @@ def create_app(
     async def openapi() -> JSONResponse:
         docs: dict[str, Any] = {}
         for name, pool in services.items():
-            sent = await _send(pool, "GET", "/openapi.json", {}, b"", None)
+            sent = await _send(pool, "GET", "/openapi.json", [], b"", None)
             if isinstance(sent, JSONResponse):
                 return sent
             answer, held = sent
@@ -245,7 +249,7 @@ def create_app(
         pool: Replicas,
         method: str,
         target: str,
-        headers: dict[str, str],
+        headers: list[tuple[bytes, bytes]],
         body: bytes,
         limits: httpx.Timeout | None,
     ) -> tuple[httpx.Response, _Held] | JSONResponse:
@@ -266,6 +270,11 @@ def create_app(
             error: httpx.TransportError
             try:
                 answer = await client.send(outbound, stream=True)
+            except httpx.LocalProtocolError as exc:
+                # The request itself cannot be written (a header HTTP/1.1 does not allow):
+                # the client's doing; the replica is fine.
+                held.release()
+                return _error(400, f"the request cannot be passed on: {exc}")
             except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
                 outcome, sent, error = NOT_CONNECTED, False, exc
             except httpx.TimeoutException as exc:  # read or write: the replica is slow, not gone
@@ -292,8 +301,9 @@ def create_app(
         urls = ", ".join(r.url for r in tried)
         return _error(503, f"service {service} is unavailable (no answer at {urls})", retry=True)
 
-    @app.api_route("/api/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
-                   include_in_schema=False)  # fmt: skip
+    # Every method goes to the service, which answers a method the path lacks with a 405
+    # and the path's own Allow (the entry point's would list these).
+    @app.api_route("/api/{rest:path}", methods=FORWARDED_METHODS, include_in_schema=False)
     async def forward(request: Request, rest: str) -> Response:
         path = request.url.path
         service = routes.service_for(path)
@@ -302,12 +312,21 @@ def create_app(
         pool = services.get(service)
         if pool is None:
             return _error(503, f"service {service} is not configured behind this entry point")
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
+        # As received (bytes, repeats kept), each value without the surrounding whitespace
+        # that is not part of it (RFC 9110, 5.5): as text, a value with a byte over 0x7f could
+        # not be sent on (a 500), and one with a trailing space was refused by the HTTP
+        # library as if the replica had failed (a 502, then the service marked down).
+        headers = [(k, v.strip(b" \t")) for k, v in request.scope["headers"]
+                   if k.decode("latin-1").lower() not in HOP_BY_HOP]  # fmt: skip
         # A server-sent event stream may be quiet for minutes: no read timeout for it.
         streaming = "text/event-stream" in request.headers.get("accept", "")
         timeout = httpx.Timeout(None, connect=CONNECT_TIMEOUT_S) if streaming else None
         query = f"?{request.url.query}" if request.url.query else ""  # as sent, unparsed
-        sent = await _send(pool, request.method, f"{path}{query}", headers,
+        # The path as sent too (percent-encoded): decoded, it may hold a character no URL
+        # may (a control character: the request was a 500) or a '/' that was in a name.
+        raw = request.scope.get("raw_path") or path.encode()
+        sent_path = quote_from_bytes(raw, safe=PATH_SAFE)
+        sent = await _send(pool, request.method, f"{sent_path}{query}", headers,
                            await request.body(), timeout)  # fmt: skip
         if isinstance(sent, JSONResponse):
             return sent

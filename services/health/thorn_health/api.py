@@ -10,14 +10,14 @@ from enum import StrEnum
 from typing import Annotated, TypeVar
 
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from thorn.auth import Viewer
 from thorn.fabric import NotFound
 from thorn.health_records import FailoverQuery, Failure, FailureQuery
 from thorn.model import PortRef
 from thorn.rcbudget import RcVerdict, Tenancy, TenantBudgetSummary
-from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, paginate
+from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, QueryTime, paginate
 from thorn_health.budget import failover_verdicts
 from thorn_health.failovers import Timeline, timeline
 from thorn_health.service import HealthService
@@ -217,8 +217,8 @@ async def list_events(
     source: Annotated[SourceKind | None, Query(description="what detected them")] = None,
     state: Annotated[FailureState | None, Query(description="their worst state")] = None,
     open: Annotated[bool | None, Query(description="true: still open; false: ended")] = None,
-    since: Annotated[AwareDatetime | None, Query(description="started at or after")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="started before")] = None,
+    since: Annotated[QueryTime | None, Query(description="started at or after")] = None,
+    until: Annotated[QueryTime | None, Query(description="started before")] = None,
 ) -> Page[FailureOut]:
     if since is not None and until is not None and until <= since:
         raise FieldError(422, ["query", "until"], "until must be later than since", "value")
@@ -347,8 +347,8 @@ async def list_failovers(
         FailoverTierFilter | None, Query(description="with an event of this tier")
     ] = None,
     link: Annotated[int | None, Query(ge=0, description="whose flips name this link")] = None,
-    since: Annotated[AwareDatetime | None, Query(description="started at or after")] = None,
-    until: Annotated[AwareDatetime | None, Query(description="started before")] = None,
+    since: Annotated[QueryTime | None, Query(description="started at or after")] = None,
+    until: Annotated[QueryTime | None, Query(description="started before")] = None,
 ) -> Page[FailoverOut]:
     if since is not None and until is not None and until <= since:
         raise FieldError(422, ["query", "until"], "until must be later than since", "value")
@@ -372,7 +372,7 @@ def _failover_out(cls: type[Out], t: Timeline, tenancy: Tenancy) -> Out:
 
 
 BudgetSince = Annotated[
-    AwareDatetime | None,
+    QueryTime | None,
     Query(description="failovers started at or after (default: 7 days ago)"),
 ]
 BudgetLimit = Annotated[

@@ -333,9 +333,8 @@ async def plan_what_if(
     if plan is None or service.status is None:
         raise FieldError(409, ["plan"], "no plan yet: the topology has not been planned", "busy")
     if not link and not node:
-        raise FieldError(
-            422, ["query", "link"], "name at least one link or node to fail", "missing"
-        )
+        # A rule across both parameters (no OpenAPI parameter can state it): `value`.
+        raise FieldError(422, ["query", "link"], "name at least one link or node to fail", "value")
     revision = service.status.revision
     try:
         # CPU-bound (~0.4 s for a switch at k=16): off the loop. It reads `plan` only.
