@@ -93,9 +93,14 @@ class Page(BaseModel, Generic[T]):
     offset: int
 
 
+# The largest integer a database column or OFFSET takes (SQLite's INTEGER, PostgreSQL's
+# bigint): a larger one in a query that reaches the store was an OverflowError (a 500).
+SQL_INT_MAX = 2**63 - 1
+
+
 class PageParams(BaseModel):
     limit: int = Field(100, ge=1, le=1000, description="page size")
-    offset: int = Field(0, ge=0, description="items to skip")
+    offset: int = Field(0, ge=0, le=SQL_INT_MAX, description="items to skip")
 
 
 PageQuery = Annotated[PageParams, Query()]

@@ -17,7 +17,15 @@ from thorn.fabric import NotFound
 from thorn.health_records import FailoverQuery, Failure, FailureQuery
 from thorn.model import PortRef
 from thorn.rcbudget import RcVerdict, Tenancy, TenantBudgetSummary
-from thorn.web import ERROR_RESPONSES, FieldError, Page, PageQuery, QueryTime, paginate
+from thorn.web import (
+    ERROR_RESPONSES,
+    SQL_INT_MAX,
+    FieldError,
+    Page,
+    PageQuery,
+    QueryTime,
+    paginate,
+)
 from thorn_health.budget import failover_verdicts
 from thorn_health.failovers import Timeline, timeline
 from thorn_health.service import HealthService
@@ -212,7 +220,9 @@ async def list_events(
     _: Viewer,
     service: Service,
     page: PageQuery,
-    link_id: Annotated[int | None, Query(ge=0, description="failures of this link")] = None,
+    link_id: Annotated[
+        int | None, Query(ge=0, le=SQL_INT_MAX, description="failures of this link")
+    ] = None,
     node: Annotated[str | None, Query(description="failures of links with an end here")] = None,
     source: Annotated[SourceKind | None, Query(description="what detected them")] = None,
     state: Annotated[FailureState | None, Query(description="their worst state")] = None,
@@ -346,7 +356,9 @@ async def list_failovers(
     tier: Annotated[
         FailoverTierFilter | None, Query(description="with an event of this tier")
     ] = None,
-    link: Annotated[int | None, Query(ge=0, description="whose flips name this link")] = None,
+    link: Annotated[
+        int | None, Query(ge=0, le=SQL_INT_MAX, description="whose flips name this link")
+    ] = None,
     since: Annotated[QueryTime | None, Query(description="started at or after")] = None,
     until: Annotated[QueryTime | None, Query(description="started before")] = None,
 ) -> Page[FailoverOut]:
