@@ -403,6 +403,9 @@ class LinkSpec(Strict):
 
 
 class Link(LinkSpec):
+    # A stored link's ends are always objects: only a request may give "node:port" text.
+    a: PortRef
+    b: PortRef
     id: int
 
 
