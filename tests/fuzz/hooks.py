@@ -9,7 +9,12 @@ Loaded by both runs of the lane (`hooks` in schemathesis.toml and unauthenticate
   at k=40 is 16,000 hosts and ~13 s of worker time, then pathcomp plans it on the same two
   cores, and a run of a few minutes has no room for that. Values outside the range are sent
   as drawn (refused with a 422 before any work). The 20,000-node and 100,000-link bounds
-  are tested in tests/unit/test_generators.py and tests/integration/test_topology_api.py.
+  are tested in tests/unit/test_generators.py.
+- Half of the requests that name a resource in their path name one that exists (admin run):
+  drawn names almost never do, and a 404 tests little. The live fabric is read through the
+  API (at most every 2 s) and a link, port, node, tenant, VNI, workload or TEP of it goes
+  into the path in place of the drawn one; /paths gets two of its hosts. Tokens are never
+  picked (rotating the lane's own admin token would lock the run out).
 - Two checks of THORN's own, for what schemathesis's checks cannot tell:
   `valid_data_passes_field_validation` and `refused_without_a_valid_token` (below).
 """
@@ -17,9 +22,11 @@ Loaded by both runs of the lane (`hooks` in schemathesis.toml and unauthenticate
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from typing import Any
 
+import httpx
 import schemathesis
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
@@ -100,6 +107,95 @@ def before_call(context: HookContext, case: Case, kwargs: dict[str, Any]) -> Non
         whole = isinstance(value, int | float) and not isinstance(value, bool) and value % 1 == 0
         if whole and cap < value <= upper:
             case.body[field] = _small(int(value), cap)
+
+
+# --- requests that name resources that exist (admin run) ---------------------------------
+FABRIC_EVERY_S = 2.0
+
+
+# The lane's starting fabric (test_api_fuzz.py), loaded again when the fuzzer's own imports
+# have left one without links: most drawn fabric documents have none.
+SEED_FABRIC = {"spines": 2, "leaves": 2, "hosts_per_leaf": 2}
+
+
+class LiveFabric:
+    """The fabric as the API exports it, read again when older than FABRIC_EVERY_S."""
+
+    def __init__(self) -> None:
+        self.read_at = -FABRIC_EVERY_S
+        self.document: dict[str, Any] = {}
+
+    def get(self) -> dict[str, Any]:
+        if time.monotonic() - self.read_at >= FABRIC_EVERY_S:
+            self.document = self._read()
+            if not self.document.get("links"):
+                self._call("POST", "/fabric/generate/leaf-spine", json=SEED_FABRIC)
+                self.document = self._read()
+            self.read_at = time.monotonic()
+        return self.document
+
+    def _read(self) -> dict[str, Any]:
+        answer = self._call("GET", "/fabric")
+        return answer.json() if answer.status_code == 200 else {}  # type: ignore[no-any-return]
+
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        url, token = os.environ["THORN_FUZZ_URL"], os.environ["THORN_FUZZ_TOKEN"]
+        headers = {"Authorization": f"Bearer {token}"}
+        return httpx.request(method, f"{url}/api/v1{path}", headers=headers, timeout=60, **kw)
+
+
+LIVE = LiveFabric()
+
+
+def _existing(path: str, fabric: dict[str, Any], pick: int) -> dict[str, Any] | None:
+    """Path parameters naming something of `fabric` for an operation's path template (`pick`
+    chooses which), or None when the path names nothing this picks from."""
+
+    def one(items: list[Any]) -> Any:
+        return items[pick % len(items)] if items else None
+
+    if "{link_id}" in path:
+        link = one(fabric.get("links", []))
+        return link and {"link_id": link["id"]}
+    if "{port}" in path:
+        node = one([n for n in fabric.get("nodes", []) if n.get("ports")])
+        return node and {"name": node["name"], "port": one(node["ports"])["name"]}
+    if "{colour}" in path:
+        tep = one(fabric.get("teps", []))
+        return tep and {"node": tep["node"], "colour": tep["colour"]}
+    if "{vni}" in path:
+        vni = one(fabric.get("vnis", []))
+        return vni and {"vni": vni["vni"]}
+    kinds = {"/workloads/": "workloads", "/tenants/": "tenants", "/budget/": "tenants",
+             "/nodes/": "nodes"}  # fmt: skip
+    for marker, kind in kinds.items():
+        if marker in path:
+            item = one(fabric.get(kind, []))
+            key = "tenant" if "{tenant}" in path else "name"
+            return item and {key: item["name"]}
+    return None
+
+
+@schemathesis.hook("before_call")
+def existing_resources(context: HookContext, case: Case, kwargs: dict[str, Any]) -> None:
+    if "THORN_FUZZ_URL" not in os.environ or case.operation.path.startswith("/api/v1/tokens"):
+        return
+    drawn = f"{case.operation.label} {case.path_parameters} {case.query} {case.body}"
+    pick = zlib.crc32(drawn.encode())
+    if pick % 2:
+        return  # the other half keeps what was drawn
+    path = case.operation.path
+    if path == "/api/v1/paths":
+        hosts = [n["name"] for n in LIVE.get().get("nodes", []) if n.get("role") == "host"]
+        if len(hosts) > 1:
+            src = hosts[pick // 2 % len(hosts)]
+            dst = hosts[(pick // 2 + 1) % len(hosts)]
+            case.query = {**(case.query or {}), "src": src, "dst": dst}
+        return
+    if case.path_parameters:
+        chosen = _existing(path, LIVE.get(), pick // 2)
+        if chosen:
+            case.path_parameters = {**case.path_parameters, **chosen}
 
 
 def _error_types(response: Response) -> list[str]:
