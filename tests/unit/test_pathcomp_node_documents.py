@@ -331,3 +331,29 @@ def test_a_peer_without_a_red_tep_is_a_blue_peer_of_every_host_sharing_its_vni()
     plan = Plan.compute(fabric)
     again = DesiredStates.build(fabric, plan, revision=2)
     assert all(HostState.model_validate_json(again.document(h)).blue_peers == [] for h in peers)
+
+
+def test_a_host_change_while_health_holds_its_link_out_advances_as_a_full_build() -> None:
+    """Found by the API fuzz lane (pathcomp's log: KeyError in _add_group on topology.changed):
+    a change of host1 alone regroups it onto its leaf, then the health overlay takes its only
+    link out again, so its group is gone from the plan the states advance to."""
+    writer, fabric = (
+        Fabric.from_document(leaf_spine(2, 2, 1)),
+        Fabric.from_document(leaf_spine(2, 2, 1)),
+    )
+    link = next(lk for lk in fabric.links.values() if "host1" in (lk.a.node, lk.b.node))
+    overlay = {link.id: False}
+    plan, _ = Plan.compute(fabric).update_links(overlay, fabric.revision)
+    states = DesiredStates.build(fabric, plan, revision=1)
+    changes = writer.delete_tep("host1", Colour.red)
+    hosts = fabric.hosts_touched(changes)
+    assert hosts == {"host1"}
+    fabric.replay(changes)
+    fabric.revision += 1
+    regrouped, update = plan.update(fabric, hosts)  # as pathcomp's on_topology does
+    held, again = regrouped.update_links(overlay, fabric.revision)
+    assert again.dropped & update.recomputed  # the case: regrouped, then dropped
+    both = update.then(again)
+    new = states.advance(held, both.recomputed, both.dropped, 2,
+                         HostsMoved.of(fabric, hosts, states.topology))  # fmt: skip
+    assert documents(new) == documents(DesiredStates.build(fabric, held, 2))

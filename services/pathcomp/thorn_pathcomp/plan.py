@@ -299,6 +299,17 @@ class PlanUpdate:
     full: bool
     seconds: float
 
+    def then(self, after: PlanUpdate) -> PlanUpdate:
+        """This update followed by `after`, made on this one's plan: a group `after` dropped
+        is dropped, not recomputed (a host this update regrouped that health holds out of
+        service again); the states would look its trees up in a plan that has none."""
+        return PlanUpdate(
+            (self.recomputed | after.recomputed) - after.dropped,
+            self.dropped | after.dropped,
+            self.full or after.full,
+            self.seconds + after.seconds,
+        )
+
 
 # GET /paths' words; "degraded" is a shared risk: only what no path choice avoids here is
 # shared (a single-homed end's host link and switch, a switch, an SRLG).

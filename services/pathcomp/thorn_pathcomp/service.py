@@ -264,12 +264,7 @@ class PathService:
             plan, update = await asyncio.to_thread(self.plan.update, fabric, moved)
             if overlay := self._health_overlay(fabric):
                 plan, again = plan.update_links(overlay, fabric.revision)
-                update = PlanUpdate(
-                    update.recomputed | again.recomputed,
-                    update.dropped,
-                    update.full,
-                    update.seconds + again.seconds,
-                )
+                update = update.then(again)
             seconds = time.perf_counter() - start
             kind = "full" if update.full else "incremental"
             PLAN_SECONDS.labels(kind).observe(seconds)
