@@ -186,6 +186,59 @@ async def test_a_carrier_report_publishes_the_change_replies_and_records_the_fai
         assert ended["end_source"] == "carrier:leaf1:swp3" and ended["duration_s"] > 0
 
 
+async def stored_state(store: Store, link_id: int) -> str | None:
+    return {r.link_id: r.state for r in await store.health_states()}.get(link_id)
+
+
+async def test_a_report_is_answered_once_what_it_changed_is_in_the_store(
+    fabric_store: Store, bus: Bus, events: Events, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """A standby takes over from the store: an answered report must already be there, or a
+    kill of the active replica right after its answer would lose it."""
+    write = fabric_store.record_health
+
+    async def slow_write(records: Any) -> None:  # the real write, 0.2 s late
+        await asyncio.sleep(0.2)
+        await write(records)
+
+    monkeypatch.setattr(fabric_store, "record_health", slow_write)
+    leaf1 = Agent(bus, "leaf1")
+    async with AsyncExitStack() as stack:
+        await health(stack, fabric_store, bus, tmp_path)
+        assert (await leaf1.send(carrier("swp3", True))).ok
+        assert await stored_state(fabric_store, UPLINK) == "up"
+        assert (await leaf1.send(carrier("swp3", False))).ok
+        assert await stored_state(fabric_store, UPLINK) == "down"
+
+
+async def test_while_the_database_is_away_reports_are_still_answered_and_stored_later(
+    fabric_store: Store, bus: Bus, events: Events, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    write = fabric_store.record_health
+    away = True
+
+    async def write_unless_away(records: Any) -> None:
+        if away:
+            raise OSError("the database is away")
+        await write(records)
+
+    monkeypatch.setattr(fabric_store, "record_health", write_unless_away)
+    leaf1 = Agent(bus, "leaf1")
+    early = metric("thorn_health_reports_answered_before_stored_total")
+    async with AsyncExitStack() as stack:
+        app = await health(stack, fabric_store, bus, tmp_path)
+        assert (await leaf1.send(carrier("swp3", False))).ok
+        await until(lambda: events.of(UPLINK)[-1:] == [(None, "down")], "the uplink down")
+        assert metric("thorn_health_reports_answered_before_stored_total") == early + 1
+        assert await stored_state(fabric_store, UPLINK) is None
+        away = False
+        async with asyncio.timeout(WAIT):
+            await app.state.health.flush()
+        assert await stored_state(fabric_store, UPLINK) == "down"
+
+
 async def test_a_flap_storm_publishes_a_bounded_number_of_events_then_the_link_is_reused(
     fabric_store: Store, bus: Bus, events: Events, tmp_path: Path
 ) -> None:

@@ -24,6 +24,7 @@ import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 from fixed_tokens import fixed_token
+from nats.js.errors import NotFoundError
 from new_host import new_host
 from prometheus_client import REGISTRY
 from pydantic import TypeAdapter
@@ -49,6 +50,7 @@ from thorn.events import (
 from thorn.events import Change as EventChange
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
+from thorn.leader.lease import LEASES_KV
 from thorn.model import (
     AdminState,
     LinkUpdate,
@@ -108,6 +110,10 @@ async def bus(nats_url: str) -> AsyncIterator[Bus]:
         kv = await connected.desired_state()
         for key in await kv.nodes():
             await kv.delete(key)
+        # An existing lease bucket keeps its max_age (an election adopts it), so a bucket an
+        # earlier test of the session made with a 3 s lease would outlast these tests' 1 s.
+        with contextlib.suppress(NotFoundError):
+            await connected.js.delete_key_value(LEASES_KV.bucket)
         yield connected
 
 

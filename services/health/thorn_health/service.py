@@ -79,6 +79,14 @@ UNPUBLISHED_DROPPED = Counter(
     "Link events dropped unpublished: NATS was away longer than the bound holds",
 )
 STORE_ERRORS = Counter("thorn_health_store_errors_total", "Failed writes of health records")
+ANSWER_WAITS_FOR_STORE_S = 0.5
+"""A report is answered once what it changed is in the store, so a standby that takes over
+from the store knows every answered report. While the database is away, the answer goes
+after this long (the records are kept and written when it is back; health keeps working)."""
+ANSWERED_BEFORE_STORED = Counter(
+    "thorn_health_reports_answered_before_stored_total",
+    "Reports answered before their records were in the store (the database was slow or away)",
+)
 REPORT_TO_PUBLISH = Histogram(
     "thorn_health_report_publish_seconds",
     "From receiving an agent report to its link events acknowledged by JetStream",
@@ -141,7 +149,10 @@ class HealthService:
         self.clock = clock
         self.revision = -1
         self._lock = asyncio.Lock()
-        self._records: asyncio.Queue[list[HealthRecord]] = asyncio.Queue()
+        # Records go to the writer in numbered batches; `_stored` is the last one written.
+        self._records: asyncio.Queue[tuple[int, list[HealthRecord]]] = asyncio.Queue()
+        self._enqueued = 0
+        self._stored = 0
         self._unpublished: deque[LinkHealthChanged] = deque()  # bounded by _hold
         self._subscriptions: list[Subscription] = []
         self._tasks: list[asyncio.Task[None]] = []  # the active replica's writer and ticker
@@ -150,7 +161,6 @@ class HealthService:
         self.active = asyncio.Event()  # set while this replica takes agent reports
         self._wake = asyncio.Event()
         self._stopping = False
-        self._writes_pending = 0
         self._written = asyncio.Event()
         # Failover history: every replica writes it (idempotent), see recorder.py.
         self.failovers = FailoverRecorder(store, bus)
@@ -255,7 +265,10 @@ class HealthService:
 
     async def flush(self) -> None:
         """Wait until every record handed to the writer so far is in the store."""
-        while self._writes_pending:
+        await self._stored_through(self._enqueued)
+
+    async def _stored_through(self, batch: int) -> None:
+        while self._stored < batch:
             self._written.clear()
             await self._written.wait()
 
@@ -276,6 +289,7 @@ class HealthService:
             async with self._lock:
                 outcome = self.core.apply(report, self.clock())
                 await self._publish(outcome.transitions, outcome.origins)
+                self._after(outcome)  # in the lock: records reach the writer in report order
         except Exception as exc:  # a bug, not the agent's fault: say so, and keep serving
             REPORTS.labels("failed").inc()
             log.exception("report_failed", node=report.node, seq=report.seq)
@@ -283,6 +297,11 @@ class HealthService:
             await self._reply(msg, AgentReportReply(ok=False, applied=0, error=error))
             return
         REPORT_TO_PUBLISH.observe(time.perf_counter() - received)
+        try:  # a retried report waits for its first try's records too: all so far
+            async with asyncio.timeout(ANSWER_WAITS_FOR_STORE_S):
+                await self._stored_through(self._enqueued)
+        except TimeoutError:
+            ANSWERED_BEFORE_STORED.inc()
         await self._reply(msg, AgentReportReply(ok=True, applied=outcome.applied))
         REPORTS.labels("applied").inc()
         ITEMS.labels("applied").inc(outcome.applied)
@@ -298,7 +317,6 @@ class HealthService:
             log.info("report_retry_deduplicated", node=report.node, seq=report.seq)
         elif outcome.seq_restart:
             log.info("report_seq_restarted", node=report.node, seq=report.seq)
-        self._after(outcome)
 
     async def on_topology(self, event: TopologyChanged) -> None:
         if event.revision <= self.revision:
@@ -433,8 +451,8 @@ class HealthService:
                     kept.append(record)
             outcome.records = kept
         if outcome.records:
-            self._writes_pending += 1
-            self._records.put_nowait(outcome.records)
+            self._enqueued += 1
+            self._records.put_nowait((self._enqueued, outcome.records))
         if outcome.transitions:
             for state, count in self.core.counts().items():
                 LINKS.labels(state).set(count)
@@ -443,11 +461,10 @@ class HealthService:
 
     async def _writer(self) -> None:
         while not self._stopping:
-            batch = await self._records.get()
-            taken = 1
+            last, batch = await self._records.get()
             while not self._records.empty():
-                batch = batch + self._records.get_nowait()
-                taken += 1
+                last, more = self._records.get_nowait()
+                batch = batch + more
             while True:
                 try:
                     await self.store.record_health(batch)
@@ -456,7 +473,7 @@ class HealthService:
                     STORE_ERRORS.inc()
                     log.error("health_records_not_written", records=len(batch), error=str(exc))
                     await asyncio.sleep(1.0)
-            self._writes_pending -= taken
+            self._stored = last
             self._written.set()
 
     async def _ticker(self) -> None:
