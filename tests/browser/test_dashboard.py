@@ -168,3 +168,11 @@ def test_a_what_if_names_what_a_spine_failure_would_do_without_doing_it(
     )
     screenshot(page, "dashboard-whatif")
     assert stack.api("GET", "/api/v1/nodes/spine1").json()["admin_state"] == "up"
+    # A topology change elsewhere re-reads the fabric; the answer on screen stays.
+    seen = "() => Number(document.body.dataset.events || 0)"
+    before = page.evaluate(seen)
+    made = stack.api("POST", "/api/v1/tenants", json={"name": "whatif-bystander"})
+    assert made.status_code == 201, made.text
+    page.wait_for_function(f"n => ({seen})() > n", arg=before, timeout=15_000)
+    page.wait_for_timeout(1_500)  # the re-read (500 ms after the event) and its render
+    assert page.locator("#whatif-flip").inner_text(timeout=1_000) == str(truth["flip"])

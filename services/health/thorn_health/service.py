@@ -162,6 +162,7 @@ class HealthService:
         self._wake = asyncio.Event()
         self._stopping = False
         self._written = asyncio.Event()
+        self._answering: set[asyncio.Task[None]] = set()  # answers waiting for the store
         # Failover history: every replica writes it (idempotent), see recorder.py.
         self.failovers = FailoverRecorder(store, bus)
         # Tenants' RC budgets and which pairs carry whose traffic, from the topology.
@@ -191,7 +192,7 @@ class HealthService:
             async with self._lock:
                 outcome = await self._load_machines(publish=True)
                 self.leading = True
-            self._after(outcome)
+                self._after(outcome)
             self._stopping = False
             self._tasks = [
                 asyncio.create_task(self._writer(), name="health-writer"),
@@ -216,6 +217,8 @@ class HealthService:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5.0):
                 await self.flush()
+        if self._answering:  # each at most ANSWER_WAITS_FOR_STORE_S
+            await asyncio.wait(set(self._answering), timeout=ANSWER_WAITS_FOR_STORE_S * 2)
         self._stopping = True
         self._wake.set()
         for task in self._tasks:
@@ -264,8 +267,12 @@ class HealthService:
                 log.warning("health_refresh_failed", error=str(exc))
 
     async def flush(self) -> None:
-        """Wait until every record handed to the writer so far is in the store."""
-        await self._stored_through(self._enqueued)
+        """Wait until everything decided so far is in the store: a transition is published
+        and its records handed to the writer under the lock, so one published a moment ago
+        (seen by a subscriber) is in this wait."""
+        async with self._lock:
+            last = self._enqueued
+        await self._stored_through(last)
 
     async def _stored_through(self, batch: int) -> None:
         while self._stored < batch:
@@ -290,6 +297,7 @@ class HealthService:
                 outcome = self.core.apply(report, self.clock())
                 await self._publish(outcome.transitions, outcome.origins)
                 self._after(outcome)  # in the lock: records reach the writer in report order
+                decided = self._enqueued  # a retried report's first try is in this too
         except Exception as exc:  # a bug, not the agent's fault: say so, and keep serving
             REPORTS.labels("failed").inc()
             log.exception("report_failed", node=report.node, seq=report.seq)
@@ -297,12 +305,12 @@ class HealthService:
             await self._reply(msg, AgentReportReply(ok=False, applied=0, error=error))
             return
         REPORT_TO_PUBLISH.observe(time.perf_counter() - received)
-        try:  # a retried report waits for its first try's records too: all so far
-            async with asyncio.timeout(ANSWER_WAITS_FOR_STORE_S):
-                await self._stored_through(self._enqueued)
-        except TimeoutError:
-            ANSWERED_BEFORE_STORED.inc()
-        await self._reply(msg, AgentReportReply(ok=True, applied=outcome.applied))
+        # Answered from a task of its own: the next report (this callback runs one message
+        # at a time) is applied and published meanwhile, and one commit answers many.
+        ok = AgentReportReply(ok=True, applied=outcome.applied)
+        answer = asyncio.create_task(self._answer_once_stored(msg, ok, decided))
+        self._answering.add(answer)
+        answer.add_done_callback(self._answering.discard)
         REPORTS.labels("applied").inc()
         ITEMS.labels("applied").inc(outcome.applied)
         if outcome.unknown:
@@ -334,12 +342,11 @@ class HealthService:
             outcome = self.core.set_topology(self.links, self.clock())
             if self.leading:
                 await self._publish(outcome.transitions)
+                self._after(outcome)
         for state, count in self.core.counts().items():  # links came and went
             LINKS.labels(state).set(count)
         log.info("topology_loaded", reason=reason, revision=fabric.revision,
                  links=len(self.core.links), transitions=len(outcome.transitions))  # fmt: skip
-        if self.leading:
-            self._after(outcome)
 
     async def tick(self) -> None:
         """Reuse the suppressed links whose figure of merit decayed, and bring up the held
@@ -347,7 +354,7 @@ class HealthService:
         async with self._lock:
             outcome = self.core.tick(self.clock())
             await self._publish(outcome.transitions)
-        self._after(outcome)
+            self._after(outcome)
 
     # --- outputs --------------------------------------------------------------------------
 
@@ -429,6 +436,15 @@ class HealthService:
             source=t.source,
             trace=trace,
         )
+
+    async def _answer_once_stored(self, msg: Msg, reply: AgentReportReply, batch: int) -> None:
+        try:
+            async with asyncio.timeout(ANSWER_WAITS_FOR_STORE_S):
+                await self._stored_through(batch)
+        except TimeoutError:
+            ANSWERED_BEFORE_STORED.inc()
+        with contextlib.suppress(Exception):  # the agent asks again if the answer is lost
+            await self._reply(msg, reply)
 
     @staticmethod
     async def _reply(msg: Msg, reply: AgentReportReply) -> None:

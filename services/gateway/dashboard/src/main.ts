@@ -133,7 +133,7 @@ function onEvent(kind: Kind, data: Record<string, unknown>): void {
       }
       break;
     case "overflow":
-      soon("all", () => void refreshAll(), 100);
+      soon("all", () => void refreshAll(), 1000); // at most one whole re-read a second
       break;
   }
 }

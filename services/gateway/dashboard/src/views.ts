@@ -100,13 +100,19 @@ async function showPair(ctx: Ctx, out: HTMLElement): Promise<void> {
 export async function whatIfView(ctx: Ctx, panel: HTMLElement): Promise<void> {
   const chosen = ctx.whatIf;
   const names = chosen.map((s) => (s.kind === "node" ? s.name : linkName(ctx, s.id)));
+  const selected = ctx.selection && (ctx.selection.kind === "node" ? ctx.selection.name
+    : linkName(ctx, ctx.selection.id));
+  // Drawn again only when what it shows changed: a refresh (a topology event, a stream
+  // overflow) keeps the buttons under the user's pointer and a simulation's answer.
+  const key = JSON.stringify([names, selected]);
+  if (panel.querySelector<HTMLElement>("#whatif-heading")?.dataset.key === key) return;
   const result = h("div", { id: "whatif-result" });
   const add = ctx.selection && !chosen.some((s) => JSON.stringify(s) === JSON.stringify(ctx.selection))
     ? h("button", { type: "button", onclick: () => { ctx.whatIf = [...chosen, ctx.selection!];
         void whatIfView(ctx, panel); } },
-      `Add ${ctx.selection.kind === "node" ? ctx.selection.name : linkName(ctx, ctx.selection.id)}`)
+      `Add ${selected}`)
     : null;
-  replace(panel, h("h2", {}, "What if…"),
+  replace(panel, h("h2", { id: "whatif-heading", "data-key": key }, "What if…"),
     h("p", { class: "hint" }, "Select links or switches on the map and add them. The " +
       "simulation runs on a copy of the plan: nothing in the fabric changes."),
     h("p", {}, names.length ? `Fail: ${names.join(", ")}` : "Nothing chosen yet."),
