@@ -1087,3 +1087,41 @@ def test_every_nats_server_loads_the_operator_configuration_nats_server_accepts(
     checked = subprocess.run([str(find_nats_server()), "-c", str(config), "-t"],
                              capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+# ------------------------------------- BFD authentication: deploy/compose.bfdauth.yml
+
+BFD_AUTH_OVERRIDE = ROOT / "deploy" / "compose.bfdauth.yml"
+
+
+@pytest.fixture(scope="module")
+def bfd_auth_override() -> dict[str, Any]:
+    return load_compose(BFD_AUTH_OVERRIDE)
+
+
+def test_the_bfd_auth_override_conforms_alone_and_merged_with_the_others(
+    validator: Draft7Validator, compose: dict[str, Any], bfd_auth_override: dict[str, Any]
+) -> None:
+    assert schema_errors(validator, bfd_auth_override) == []
+    together = merged(merged(merged(compose, load_compose(TLS_OVERRIDE)),
+                             load_compose(AUTH_OVERRIDE)), bfd_auth_override)  # fmt: skip
+    for document in (merged(compose, bfd_auth_override), together):
+        assert schema_errors(validator, document) == []
+    assert set(bfd_auth_override["services"]) == {"programmer"}, "the keys stay with the agent"
+
+
+def test_with_bfd_auth_the_agent_reads_its_rules_from_a_file_kept_out_of_git(
+    compose: dict[str, Any], bfd_auth_override: dict[str, Any]
+) -> None:
+    document = as_the_cluster_profile(compose, bfd_auth_override)
+    agent = document["services"]["programmer"]
+    path = environment_of(agent)["THORN_BFD_AUTH_FILE"]
+    assert mounted_secrets(agent)[path] == "thorn-bfd-auth"
+    assert Settings(bfd_auth_file=path).bfd_auth_file == Path(path)
+    assert document["secrets"]["thorn-bfd-auth"] == {"file": "./deploy/bfd-auth.toml"}
+    ignored = subprocess.run(["git", "check-ignore", "-q", "deploy/bfd-auth.toml"],
+                             cwd=ROOT, check=False)  # fmt: skip
+    assert ignored.returncode == 0, "deploy/bfd-auth.toml (keys) must be in .gitignore"
+    with_tls = as_the_cluster_profile(merged(compose, load_compose(TLS_OVERRIDE)),
+                                      bfd_auth_override)  # fmt: skip
+    assert environment_of(with_tls["services"]["programmer"])["THORN_NATS_CA"], "both kept"

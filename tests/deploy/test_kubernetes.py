@@ -1102,3 +1102,43 @@ def test_with_natsauth_the_agent_keeps_its_node_s_creds_where_it_can_renew_them(
     assert env_problems(agent, with_auth) == []
     assert "THORN_NATS_CREDS" not in env_values(the_container(workload_named(
         with_auth, "gateway")), with_auth)[0], "the entry point does not use NATS"  # fmt: skip
+
+
+# ---------------------------------------------------------------- BFD authentication
+
+BFD_AUTH_COMPONENT = KUBERNETES / "bfd-auth"
+BFD_AUTH_SECRET = "thorn-bfd-auth"
+
+
+@pytest.mark.parametrize("directory", [BASE, CNPG], ids=["base", "postgres-cnpg"])
+@pytest.mark.parametrize("others", [(), ("tls", "natsauth")], ids=["alone", "with-the-others"])
+def test_the_bfd_auth_component_renders_valid_kubernetes_1_30_strict(
+    directory: Path, others: tuple[str, ...], tmp_path: Path
+) -> None:
+    objects = render_with_components(directory, tmp_path, BFD_AUTH_COMPONENT.name, *others)
+    errors = [e for o in objects if not is_cnpg(o) for e in schema_errors(o)]
+    assert errors == []
+    names = sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+    assert names == sorted((o["kind"], o["metadata"]["name"]) for o in render(directory))
+
+
+def test_with_bfd_auth_the_agent_reads_its_rules_from_the_secret_read_only_and_private(
+    tmp_path: Path,
+) -> None:
+    objects = render_with_components(BASE, tmp_path, BFD_AUTH_COMPONENT.name, "natsauth")
+    agent = workload_named(objects, AGENT)
+    values, _ = env_values(the_container(agent), objects)
+    secret, key, mount = file_from_secret(agent, values["THORN_BFD_AUTH_FILE"])
+    assert (secret, key) == (BFD_AUTH_SECRET, "bfd-auth.toml")
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod_spec(agent)["volumes"] if v["name"] == mount["name"]]
+    # The agent (root) reads it; group and others may not (it would warn).
+    assert volume["secret"]["defaultMode"] & 0o077 == 0
+    # Not inside another mount (natsauth's hostPath /etc/thorn): nothing lands on the node.
+    others = [m["mountPath"] for m in the_container(agent)["volumeMounts"] if m is not mount]
+    assert not [p for p in others if mount["mountPath"].startswith(p.rstrip("/") + "/")]
+    assert settings_of(values).bfd_auth_file == Path(values["THORN_BFD_AUTH_FILE"])
+    assert env_problems(agent, objects) == []
+    for name in CONTROLLERS:  # the keys stay with the agents
+        assert "THORN_BFD_AUTH_FILE" not in env_values(
+            the_container(workload_named(objects, name)), objects)[0]  # fmt: skip
