@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-deploy test-kernel lint openapi bench bench-failover bench-scale venv test-deps dashboard clean
+.PHONY: run test test-setup test-deploy test-kernel lint openapi bench bench-failover bench-scale venv test-deps dashboard clean
 
 # The dashboard (Vite + TypeScript), rebuilt when its sources or the API document change.
 DASH := services/gateway/dashboard
@@ -55,10 +55,24 @@ lint: venv
 ## fabric lane: network namespaces on this kernel, as root, the browser lane: the dashboard
 ## in Debian's headless chromium, the deploy lane: docker-compose.yml started for real with
 ## podman, and the kernel lane)
-test: venv test-deps lint dashboard
-	$(BIN)/pytest -q --durations=25 tests/unit tests/integration tests/deploy tests/fabric tests/browser
-	$(BIN)/pytest -q tests/deploy_lane  # its own run: the browser lane's Playwright holds a loop
-	$(BIN)/python tests/kernel/lane.py
+## Lanes overlap where one mostly waits: the kernel lane's installs (network, disk) run
+## beside pytest; the kernel lane itself (qemu: CPU) beside the deploy lane (image builds
+## from local files, containers' waits), its output printed when both are done.
+test: test-setup
+	@mkdir -p .cache
+	@$(BIN)/python tests/kernel/lane.py --lane-install-only > .cache/kernel-lane-install.log 2>&1 & installing=$$!; \
+	$(BIN)/pytest -q --durations=25 tests/unit tests/integration tests/deploy tests/fabric tests/browser; rc=$$?; \
+	wait $$installing || echo "kernel lane: installing failed (.cache/kernel-lane-install.log); the lane tries again"; \
+	exit $$rc
+	@$(BIN)/python tests/kernel/lane.py > .cache/kernel-lane.log 2>&1 & kernel=$$!; \
+	$(BIN)/pytest -q tests/deploy_lane; rc=$$?; \
+	wait $$kernel; kernel_rc=$$?; cat .cache/kernel-lane.log; \
+	[ $$rc -eq 0 ] && exit $$kernel_rc || exit $$rc
+
+## test-setup: what the lanes need; the venv (pip) and the system packages (apt) side by side
+test-setup:
+	$(MAKE) -j2 --no-print-directory venv test-deps
+	$(MAKE) --no-print-directory dashboard lint
 
 ## test-deploy: the deploy lane alone: the compose file's cluster profile started with podman
 ## and podman-compose (installed by apt and pip), every image built here on a debootstrap

@@ -396,22 +396,32 @@ def main() -> None:
         # keeps the well-known one and serves every service's API there, spread over them.
         replicas = {"topology": settings.topology_replicas, "health": settings.health_replicas,
                     "pathcomp": settings.pathcomp_replicas}  # fmt: skip
-        for service, count in replicas.items():
-            for name in replica_names(service, count):
-                with console.status(f"starting {name}"):
-                    child = _spawn(name, free_port(), {**env, **identities.env(service)}, logs)
-                    children.append(child)
-                    _wait_ready(child, time.monotonic() + settings.start_timeout_s)
+        first, *rest = [(name, service) for service, count in replicas.items()
+                        for name in replica_names(service, count)]  # fmt: skip
+
+        def start(name: str, service: str) -> Child:
+            child = _spawn(name, free_port(), {**env, **identities.env(service)}, logs)
+            children.append(child)
+            return child
+
+        # Topology first, alone: it brings the store's schema up to date. Then the others
+        # side by side (a start is mostly imports: one core each), the entry point with them.
+        with console.status(f"starting {first[0]}"):
+            _wait_ready(start(*first), time.monotonic() + settings.start_timeout_s)
+        others = [start(*pair) for pair in rest]
         upstreams = ",".join(f"{c.service}={c.url}" for c in children)
         served = tls or https
         served_with = ({"THORN_TLS_CERT": str(served.cert), "THORN_TLS_KEY": str(served.key)}
                        if served else {})  # fmt: skip
-        with console.status("starting the entry point"):
-            gateway_env = {**env, "THORN_UPSTREAMS": upstreams, **served_with}
-            gateway = _spawn("gateway", settings.host_port[1], gateway_env, logs)
-            gateway.https, gateway.ca = served is not None, tls.ca if tls else None
-            children.append(gateway)
-            _wait_ready(gateway, time.monotonic() + settings.start_timeout_s)
+        gateway_env = {**env, "THORN_UPSTREAMS": upstreams, **served_with}
+        gateway = _spawn("gateway", settings.host_port[1], gateway_env, logs)
+        gateway.https, gateway.ca = served is not None, tls.ca if tls else None
+        children.append(gateway)
+        deadline = time.monotonic() + settings.start_timeout_s
+        waiting = [*others, gateway]
+        for at, child in enumerate(waiting):
+            with console.status(f"starting {', '.join(c.name for c in waiting[at:])}"):
+                _wait_ready(child, deadline)
         with console.status("loading the fabric"):
             summary = _seed(children[0].url, token)
         lab_note = "not built: THORN_EMULATED_FABRIC=0"

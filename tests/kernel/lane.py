@@ -112,6 +112,7 @@ class Options:
     install: bool
     show_console: bool
     pytest_args: tuple[str, ...]
+    install_only: bool = False
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -160,10 +161,19 @@ def install_debian_packages(packages: Sequence[str], log: Path) -> None:
             EXIT_INSTALL,
         )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    wait_for_lock = ["-o", "DPkg::Lock::Timeout=300"]  # the deploy lane may be installing too
     with log.open("w") as out:
         for cmd in (
-            ["apt-get", "update", "-qq"],
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *packages],
+            ["apt-get", *wait_for_lock, "update", "-qq"],
+            [
+                "apt-get",
+                *wait_for_lock,
+                "install",
+                "-y",
+                "-qq",
+                "--no-install-recommends",
+                *packages,
+            ],
         ):
             if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env).returncode:
                 raise LaneError(f"{shlex.join(cmd)} failed: see {log}", EXIT_INSTALL)
@@ -503,6 +513,8 @@ def main(argv: Sequence[str]) -> int:
         # Installs too happen under the lock: two runs never apt-get or pip at once.
         with exclusive_guest(opts.timeout_s, console) as waited_s:
             install_s = ensure_installed(opts, console)
+            if opts.install_only:
+                return 0
             kernel = pick_kernel(opts.kernel)
             outcome = run_guest(kernel, opts, console)
     except LaneError as exc:
@@ -543,6 +555,11 @@ def parse_options(lane_argv: Sequence[str], pytest_argv: Sequence[str]) -> Optio
     parser.add_argument(
         "--lane-console", action="store_true", help="print the guest console's tail at the end"
     )
+    parser.add_argument(
+        "--lane-install-only",
+        action="store_true",
+        help="install what the lane needs, then stop (make test does it while pytest runs)",
+    )
     args = parser.parse_args(lane_argv)
     return Options(
         timeout_s=args.lane_timeout,
@@ -550,6 +567,7 @@ def parse_options(lane_argv: Sequence[str], pytest_argv: Sequence[str]) -> Optio
         install=not args.lane_no_install,
         show_console=args.lane_console,
         pytest_args=with_default_paths(pytest_argv),
+        install_only=args.lane_install_only,
     )
 
 
