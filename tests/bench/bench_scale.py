@@ -379,6 +379,7 @@ class RunResult:
     ingest: list[Ingest] = field(default_factory=list)
     usage: dict[str, Usage] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    simulated_switches: int = 0  # of `agents`
     seconds: float = 0.0
     load: list[float] = field(default_factory=list)  # the machine's 1-minute load, per phase
 
@@ -386,14 +387,22 @@ class RunResult:
 # ------------------------------------------------------------------------------ the stack
 
 
+def spread(names: list[str], count: int) -> list[str]:
+    """`count` of `names`, evenly spaced."""
+    return [names[i * len(names) // count] for i in range(count)] if count > 0 else []
+
+
 def pick_nodes(fabric: Fabric, agents: int) -> dict[str, list[str]]:
     """`agents` nodes: every switch first (each link failure rewrites switches), then hosts
-    spread evenly over the pods; each with its fabric ports."""
+    spread evenly over the pods; each with its fabric ports. Where the switches alone are
+    over two thirds of `agents` (k=32: 1,280), half switches and half hosts, each spread
+    evenly over the fabric."""
     switches = sorted(n for n, nd in fabric.nodes.items() if nd.role is Role.switch)
     hosts = sorted(n for n, nd in fabric.nodes.items() if nd.role is Role.host)
-    chosen = switches[:agents]
-    wanted = max(0, agents - len(chosen))
-    chosen += [hosts[i * len(hosts) // wanted] for i in range(wanted)] if wanted else []
+    if len(switches) * 3 > agents * 2:
+        chosen = spread(switches, agents // 2) + spread(hosts, agents - agents // 2)
+    else:
+        chosen = switches + spread(hosts, agents - len(switches))
     ports: dict[str, list[str]] = {n: [] for n in chosen}
     for link in fabric.links.values():
         for end in (link.a, link.b):
@@ -698,6 +707,7 @@ async def run_phases(result: RunResult, nats_url: str, pids: dict[str, int],
                      urls: dict[str, str], fabric: Fabric, failures: int,
                      tmp: Path) -> None:  # fmt: skip
     nodes = pick_nodes(fabric, result.agents)
+    result.simulated_switches = sum(fabric.nodes[n].role is Role.switch for n in nodes)
     headers = {"Authorization": f"Bearer {ADMIN}"}
     async with (
         await Bus.connect(nats_url, name="bench-observer") as bus,
@@ -853,8 +863,8 @@ PHASES = [
 
 
 def tables(runs: list[RunResult]) -> list[Table]:
-    setup = [[r.name, f"k={r.k}", f"{r.agents:,} ({min(r.agents, r.switches)} switches, "
-              f"{r.agents - min(r.agents, r.switches):,} hosts)", str(r.workers),
+    setup = [[r.name, f"k={r.k}", f"{r.agents:,} ({r.simulated_switches:,} switches, "
+              f"{r.agents - r.simulated_switches:,} hosts)", str(r.workers),
               f"{r.documents:,}", f"{r.cold_start_s:.1f}", f"{r.seconds / 60:.1f}",
               " / ".join(f"{x:.1f}" for x in (min(r.load), max(r.load))) if r.load else "-"]
              for r in runs]  # fmt: skip
@@ -974,9 +984,20 @@ def _cpu() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def markers(k: int) -> tuple[str, str]:
+    """The section's markers in docs/benchmarks.md: k=16's (`make bench-scale`), or another
+    fabric's own section beside it."""
+    if k == K:
+        return MARK_BEGIN, MARK_END
+    return f"<!-- bench:scale-k{k}:begin -->", f"<!-- bench:scale-k{k}:end -->"
+
+
 def markdown(runs: list[RunResult], command: str, notes: list[str], hosts_per_vni: int) -> str:
     vnis = (f"the workloads in VNIs of {hosts_per_vni} hosts (jobs), each spread over every pod"
             if hosts_per_vni else "every host's workload in one VNI")  # fmt: skip
+    k = runs[0].k
+    if k != K:
+        return markdown_other_fabric(runs, command, notes, vnis)
     lines = [
         MARK_BEGIN,
         "## Scale: 1,000 simulated agents against the real services (`make bench-scale`)",
@@ -1001,6 +1022,36 @@ def markdown(runs: list[RunResult], command: str, notes: list[str], hosts_per_vn
     if notes:
         lines += ["**Notes**", "", *(f"- {n}" for n in notes), ""]
     lines += [FINDINGS, "", METHOD, MARK_END]
+    return "\n".join(lines) + "\n"
+
+
+def markdown_other_fabric(runs: list[RunResult], command: str, notes: list[str], vnis: str) -> str:
+    """Another fabric's section: what differs from k=16's, then the same tables."""
+    r = runs[0]
+    begin, end = markers(r.k)
+    lines = [
+        begin,
+        f"## Scale: {r.agents:,} simulated agents on a k={r.k} fabric",
+        "",
+        f"Command: `{command}` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, {_cpu()}, "
+        f"Python {platform.python_version()}). As the k={K} section above (the same services, "
+        f"agents, phases and method), on `fat_tree({r.k})`: {r.hosts:,} hosts, "
+        f"{r.switches:,} switches, {vnis}. The services plan, write and serve every node's "
+        f"document ({r.documents:,}); {r.agents:,} of the nodes run as simulated agents, "
+        f"{r.simulated_switches:,} switches and {r.agents - r.simulated_switches:,} hosts, "
+        "each set spread evenly over the fabric (all of its nodes would be more agents than "
+        f"2 cores carry: see the k={K} section's notes). Times count the simulated agents' "
+        "documents only. Targets: the k=16 ones.",
+        "",
+    ]
+    for title, columns, rows in tables(runs):
+        lines += [f"**{title}**", "", *markdown_table(columns, rows), ""]
+    lines += ["**Targets**", "", *markdown_table(["target", "measured", "verdict"],
+                                                 targets(runs)), ""]  # fmt: skip
+    notes = [n for run in runs for n in (f"{run.name}: {x}" for x in run.notes)] + notes
+    if notes:
+        lines += ["**Notes**", "", *(f"- {n}" for n in notes), ""]
+    lines.append(end)
     return "\n".join(lines) + "\n"
 
 
@@ -1085,25 +1136,27 @@ def main() -> None:
     parser.add_argument("--hosts-per-vni", type=int, default=HOSTS_PER_VNI,
                         help="hosts per workload VNI; 0: one VNI of every host")  # fmt: skip
     parser.add_argument("--workdir", type=Path, help="keep stores and logs here (must be new)")
+    parser.add_argument("--k", type=int, default=K, help="the fat-tree's k (its own section)")
     args = parser.parse_args()
-    cfg = Config(args.agents, args.failures, args.hosts_per_vni, args.workdir)
+    cfg = Config(args.agents, args.failures, args.hosts_per_vni, args.workdir, args.k)
     runs: list[RunResult] = []
     setups = [("embedded NATS", "embedded"), ("NATS cluster R3", "cluster")]
     for name, nats in setups:
         if args.nats in (nats, "both"):
             runs.append(run(name, nats, cfg))
-    notes = [k32_note(runs)]
+    notes = [k32_note(runs)] if args.k == K else []
     print_results(console, tables(runs), targets(runs), width=200)
-    console.print(notes[0])
+    for note in notes:
+        console.print(note)
     if args.write:
         command = "python tests/bench/bench_scale.py" + "".join(
             f" --{flag} {value}" for flag, value, default in (
                 ("agents", args.agents, AGENTS), ("failures", args.failures, FAILURES),
                 ("hosts-per-vni", args.hosts_per_vni, HOSTS_PER_VNI),
-                ("nats", args.nats, "both")) if value != default
+                ("nats", args.nats, "both"), ("k", args.k, K)) if value != default
         )  # fmt: skip
         section = markdown(runs, command, notes, args.hosts_per_vni)
-        write_section(args.write, section, MARK_BEGIN, MARK_END)
+        write_section(args.write, section, *markers(args.k))
         console.print(f"results written to {args.write}")
 
 
