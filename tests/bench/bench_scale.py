@@ -1014,6 +1014,13 @@ def markdown(runs: list[RunResult], command: str, notes: list[str], hosts_per_vn
         "work (its load average is in the first table).",
         "",
     ]
+    lines += [*results(runs, notes), FINDINGS, "", METHOD, MARK_END]
+    return "\n".join(lines) + "\n"
+
+
+def results(runs: list[RunResult], notes: list[str]) -> list[str]:
+    """The section's tables, its targets and the runs' notes, as markdown lines."""
+    lines: list[str] = []
     for title, columns, rows in tables(runs):
         lines += [f"**{title}**", "", *markdown_table(columns, rows), ""]
     lines += ["**Targets**", "", *markdown_table(["target", "measured", "verdict"],
@@ -1021,8 +1028,7 @@ def markdown(runs: list[RunResult], command: str, notes: list[str], hosts_per_vn
     notes = [n for r in runs for n in (f"{r.name}: {x}" for x in r.notes)] + notes
     if notes:
         lines += ["**Notes**", "", *(f"- {n}" for n in notes), ""]
-    lines += [FINDINGS, "", METHOD, MARK_END]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def markdown_other_fabric(runs: list[RunResult], command: str, notes: list[str], vnis: str) -> str:
@@ -1044,14 +1050,7 @@ def markdown_other_fabric(runs: list[RunResult], command: str, notes: list[str],
         "documents only. Targets: the k=16 ones.",
         "",
     ]
-    for title, columns, rows in tables(runs):
-        lines += [f"**{title}**", "", *markdown_table(columns, rows), ""]
-    lines += ["**Targets**", "", *markdown_table(["target", "measured", "verdict"],
-                                                 targets(runs)), ""]  # fmt: skip
-    notes = [n for run in runs for n in (f"{run.name}: {x}" for x in run.notes)] + notes
-    if notes:
-        lines += ["**Notes**", "", *(f"- {n}" for n in notes), ""]
-    lines.append(end)
+    lines += [*results(runs, notes), end]
     return "\n".join(lines) + "\n"
 
 
