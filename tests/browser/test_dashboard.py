@@ -176,3 +176,24 @@ def test_a_what_if_names_what_a_spine_failure_would_do_without_doing_it(
     page.wait_for_function(f"n => ({seen})() > n", arg=before, timeout=15_000)
     page.wait_for_timeout(1_500)  # the re-read (500 ms after the event) and its render
     assert page.locator("#whatif-flip").inner_text(timeout=1_000) == str(truth["flip"])
+
+
+def test_a_views_late_answer_does_not_draw_over_the_view_the_user_moved_to(
+    stack: Stack, page: Page
+) -> None:
+    sign_in(page, stack, stack.token("viewer"))
+    held: list[Any] = []
+    # The node view's answer is held until the user has moved on to the what-if tab.
+    page.route("**/api/v1/nodes/*/observed", lambda route: held.append(route))
+    click_element(page, "leaf1")
+    expect(page.locator("#panel")).to_contain_text("Loading leaf1")
+    page.click("#tabs button[data-tab=whatif]")
+    expect(page.locator("#whatif-heading")).to_be_visible()
+    assert held, "the node view never asked for its node"
+    for route in held:
+        route.continue_()
+    page.wait_for_timeout(1_000)  # the held answer arrives and is drawn (or, now, not)
+    expect(page.locator("#whatif-heading")).to_be_visible()
+    expect(page.locator("#panel")).not_to_contain_text("admin state")
+    page.click("text=Add leaf1")
+    expect(page.locator("#panel")).to_contain_text("Fail: leaf1")

@@ -11,6 +11,7 @@ import asyncio
 import os
 import socket
 import ssl
+import struct
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -556,6 +557,40 @@ async def test_connect_to_a_port_with_no_server_fails_within_the_timeout() -> No
     port = free_port()
     with pytest.raises(BusConnectError, match=str(port)):
         await Bus.connect(f"nats://127.0.0.1:{port}", connect_timeout=0.5)
+
+
+async def test_a_servers_refusal_stays_in_the_error_when_later_attempts_end_in_resets() -> None:
+    """Under load a refused client often reads a reset instead of the server's -ERR (it
+    writes its PING after the server closed). What the server said once must still be in
+    the error, however many resets came after it."""
+    attempts = 0
+    info = b'INFO {"server_id":"scripted","version":"2.10.0","proto":1,"max_payload":1048576}\r\n'
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal attempts
+        attempts += 1
+        writer.write(info)
+        await writer.drain()
+        await reader.readline()  # CONNECT
+        if attempts == 1:  # as nats-server answers a wrong password
+            writer.write(b"-ERR 'Authorization Violation'\r\n")
+            await writer.drain()
+        else:  # the -ERR lost to the reset
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.close()
+
+    server = await asyncio.start_server(refuse, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(BusConnectError) as refused:
+            await Bus.connect(f"nats://127.0.0.1:{port}", connect_timeout=1.5,
+                              reconnect_time_wait=0.05)  # fmt: skip
+    finally:
+        server.close()
+    assert attempts > 2
+    assert "Authorization Violation" in str(refused.value)
+    assert "last error: Connection" in str(refused.value)  # and what happened last
 
 
 # ------------------------------------------------------------------------------ EmbeddedNats

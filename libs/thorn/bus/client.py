@@ -107,6 +107,9 @@ class Bus:
             raise BusConnectError("no NATS server given (THORN_NATS_URL is empty)")
         holder: list[Bus] = []
         last_error: list[str] = []  # the latest failure, for the error if none connects
+        # What a server itself said (an -ERR such as 'Authorization Violation'): the reset
+        # that often follows it on a loaded machine must not hide it.
+        server_said: list[str] = []
         refused: list[bool] = []  # set when this refuses the server it reached
         nc = NatsClient()
 
@@ -127,6 +130,8 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             ASYNC_ERRORS.labels(name).inc()
             last_error[:] = [f"{type(exc).__name__}: {exc}"]
+            if type(exc) in (nats.errors.Error, nats.errors.AuthorizationError):
+                server_said[:] = last_error  # nats-py's type for a server's -ERR line
             log.warning("nats_error", connection=name, error=last_error[0])
 
         async def on_closed() -> None:
@@ -164,6 +169,8 @@ class Bus:
             with contextlib.suppress(Exception):
                 await nc.close()
             why = f" (last error: {last_error[0]})" if last_error else ""
+            if server_said and server_said != last_error:
+                why += f" (the server said: {server_said[0]})"
             raise BusConnectError(
                 f"could not connect to NATS at {', '.join(map(without_credentials, servers))} "
                 f"within {connect_timeout:g} s{why}"

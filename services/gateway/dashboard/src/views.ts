@@ -26,6 +26,15 @@ function loading(panel: HTMLElement, what: string): void {
   replace(panel, h("p", { class: "hint" }, `Loading ${what}…`));
 }
 
+/** A view that waits for the API draws into a container of its own: when the user has
+ * moved on before the answer comes (another tab, another node), the late answer lands in
+ * a container no longer on the page instead of over the view drawn since. */
+function ownContainer(panel: HTMLElement): HTMLElement {
+  const view = h("div", { class: "view" });
+  replace(panel, view);
+  return view;
+}
+
 async function guarded(ctx: Ctx, panel: HTMLElement, work: () => Promise<void>): Promise<void> {
   try {
     await work();
@@ -151,7 +160,8 @@ async function simulate(ctx: Ctx, out: HTMLElement): Promise<void> {
 
 // --- failovers ---------------------------------------------------------------------------
 
-export async function failoversView(ctx: Ctx, panel: HTMLElement): Promise<void> {
+export async function failoversView(ctx: Ctx, shell: HTMLElement): Promise<void> {
+  const panel = ownContainer(shell);
   const detail = h("div", { id: "failover-detail" });
   loading(panel, "failovers");
   await guarded(ctx, panel, async () => {
@@ -212,7 +222,8 @@ export async function linksView(ctx: Ctx, panel: HTMLElement): Promise<void> {
       h("p", {}, `All ${ctx.health.size} links health knows of are up.`));
 }
 
-async function linkDetail(ctx: Ctx, panel: HTMLElement, id: number): Promise<void> {
+async function linkDetail(ctx: Ctx, shell: HTMLElement, id: number): Promise<void> {
+  const panel = ownContainer(shell);
   loading(panel, "the link");
   await guarded(ctx, panel, async () => {
     const [health, events, sessions] = await Promise.all([
@@ -282,12 +293,13 @@ function countersChart(samples: Schemas["CounterSampleOut"][]): HTMLElement {
 
 // --- node --------------------------------------------------------------------------------
 
-export async function nodeView(ctx: Ctx, panel: HTMLElement): Promise<void> {
+export async function nodeView(ctx: Ctx, shell: HTMLElement): Promise<void> {
   const sel = ctx.selection;
   if (sel?.kind !== "node") {
-    replace(panel, h("h2", {}, "Node"), h("p", { class: "hint" }, "Click a node on the map."));
+    replace(shell, h("h2", {}, "Node"), h("p", { class: "hint" }, "Click a node on the map."));
     return;
   }
+  const panel = ownContainer(shell);
   loading(panel, sel.name);
   await guarded(ctx, panel, async () => {
     const o = await must(api.GET("/api/v1/nodes/{name}/observed",
