@@ -79,10 +79,57 @@ CENTRAL_FLIPS = Counter(
     "thorn_pathcomp_central_flips_total", "Urgent flip messages sent to source hosts"
 )
 
+RESYNC_IN_FLIGHT = 256  # a new leader's writes in flight at once (9,472 nodes at k=32)
 REPLAN_HOLD_SECONDS = 0.02  # how long re-protection waits for a burst of link events
 
 # Health states in which a link carries no traffic for path computation.
 OUT_OF_SERVICE = {"down", "flapping", "drained"}
+
+
+# --- the CPU-bound steps, run in a worker thread (the event loop renews the lease) -------
+
+
+def _full_plan(fabric: Fabric, overlay: dict[int, bool]) -> Plan:
+    """A plan of the whole fabric, with the links health holds out taken out."""
+    plan = Plan.compute(fabric, summarise=False)
+    if overlay:
+        plan, _ = plan.update_links(overlay, fabric.revision)
+    return plan
+
+
+def _updated_plan(
+    plan: Plan, fabric: Fabric, moved: set[str] | None, overlay: dict[int, bool]
+) -> tuple[Plan, PlanUpdate]:
+    """`plan` moved to `fabric` (`moved`: the hosts of a change of hosts only), with the
+    links health holds out taken out again."""
+    plan, update = plan.update(fabric, moved)
+    if overlay:
+        plan, again = plan.update_links(overlay, fabric.revision)
+        update = update.then(again)
+    return plan, update
+
+
+def _to_resync(
+    states: DesiredStates, nodes: list[str], entries: list[Entry | None]
+) -> tuple[dict[str, int], list[tuple[str, bytes]]]:
+    """({node: KV revision} of the documents the KV holds as `states` has them, [(node,
+    document)] of those it must be given)."""
+    held: dict[str, int] = {}
+    stale: list[tuple[str, bytes]] = []
+    for node, entry in zip(nodes, entries, strict=True):
+        document = states.document(node)
+        if entry is not None and _same_document(entry, document):
+            held[node] = entry.revision
+        else:
+            stale.append((node, document))
+    return held, stale
+
+
+def _changes(old: DesiredStates | None, new: DesiredStates, afresh: bool) -> list[NodeChange]:
+    """The documents `new` changes, by stage; `afresh`: built, not advanced, from `old`."""
+    if old is not None and afresh:
+        new.compare_with(old)  # documents built afresh still move destination outward
+    return diff(old, new)
 
 
 class Entry(Protocol):
@@ -211,9 +258,8 @@ class PathService:
             if not self._health_loaded:
                 await self._load_health()
             start = time.perf_counter()
-            plan = await asyncio.to_thread(Plan.compute, fabric, summarise=False)
-            if overlay := self._health_overlay(fabric):
-                plan, _ = plan.update_links(overlay, fabric.revision)
+            overlay = self._health_overlay(fabric)
+            plan = await asyncio.to_thread(_full_plan, fabric, overlay)
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("full").observe(seconds)
             states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
@@ -261,10 +307,9 @@ class PathService:
                 if fabric.revision <= (self.fabric.revision if self.fabric else -1):
                     return
             start = time.perf_counter()
-            plan, update = await asyncio.to_thread(self.plan.update, fabric, moved)
-            if overlay := self._health_overlay(fabric):
-                plan, again = plan.update_links(overlay, fabric.revision)
-                update = update.then(again)
+            plan, update = await asyncio.to_thread(
+                _updated_plan, self.plan, fabric, moved, self._health_overlay(fabric)
+            )
             seconds = time.perf_counter() - start
             kind = "full" if update.full else "incremental"
             PLAN_SECONDS.labels(kind).observe(seconds)
@@ -607,16 +652,17 @@ class PathService:
         fresh: bool = False,
     ) -> PlanStatus:
         old = self.states
-        if old is not None and (fresh or update is None):
-            states.compare_with(old)  # documents built afresh still move destination outward
-        changes = diff(old, states)
+        # Off the event loop: at k=32 comparing 9,472 documents takes seconds, and a loop
+        # held that long misses the lease's renewal (the lease is lost, a resync follows).
+        changes = await asyncio.to_thread(_changes, old, states, fresh or update is None)
         published = 0
         stage_timings: list[dict[str, float]] = []  # for the log: where a rollout's time goes
         adopting = time.perf_counter()
         states.term = self.term() or 0
         if self.is_leader() and self.kv is not None:
             if vnis:
-                for key, document in states.vni_documents().items():
+                documents = await asyncio.to_thread(states.vni_documents)
+                for key, document in documents.items():
                     if self._vni_written.get(key) != document:  # unchanged: not rewritten
                         await self.kv.put(key, document)
                         self._vni_written[key] = document
@@ -681,7 +727,7 @@ class PathService:
             if waited and (late := await self.acks.wait(waited, self.stage_timeout)):
                 log.warning("stage_not_acknowledged", stage=stage, node=node, late=late[:10],
                             count=len(late))  # fmt: skip
-            revision = await self._write(node, states.document_at(node, stage))
+            revision = await self._write(node, documents[node])
             self.written[node] = revision  # the next write compares with this one
             return node, revision
 
@@ -691,6 +737,9 @@ class PathService:
                 break
             begun = time.perf_counter()
             nodes = [c.node for c in changes if stage in c.stages]
+            documents = await asyncio.to_thread(
+                lambda: {n: states.document_at(n, stage) for n in nodes}  # noqa: B023
+            )
             every = stage >= HOST_STAGE  # hosts and removals: after every switch
             try:
                 written = dict(await asyncio.gather(*(
@@ -723,15 +772,19 @@ class PathService:
             written = 0
             for batch in (switches, hosts):
                 entries = await asyncio.gather(*(kv.get(node_key(n)) for n in batch))
-                for node, entry in zip(batch, entries, strict=True):
-                    document = states.document(node)
-                    if entry is not None and _same_document(entry, document):
-                        self.written[node] = entry.revision  # later writes compare with it
-                        continue
+                # Off the loop (seconds at k=32: the loop must keep renewing the new lease).
+                held, stale = await asyncio.to_thread(_to_resync, states, batch, entries)
+                self.written.update(held)  # later writes compare with these
+                for at in range(0, len(stale), RESYNC_IN_FLIGHT):
                     if not self.is_leader():
                         return written
-                    self.written[node] = await kv.put(node_key(node), document)  # a new term
-                    written += 1
+                    chunk = stale[at : at + RESYNC_IN_FLIGHT]
+                    revisions = await asyncio.gather(
+                        *(kv.put(node_key(node), document) for node, document in chunk)
+                    )
+                    for (node, _), revision in zip(chunk, revisions, strict=True):
+                        self.written[node] = revision
+                    written += len(chunk)
             KV_WRITES.inc(written)
             log.info("resynced_as_leader", documents=written, plan_revision=self.revision)
             return written
