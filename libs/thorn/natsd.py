@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -93,12 +94,38 @@ def find_nats_server() -> Path:
     )
 
 
+LOWEST_PICKED_PORT = 10000
+
+
 def free_port(host: str = DEFAULT_HOST) -> int:
-    """A TCP port that is free on `host` right now (the OS picks it)."""
+    """A TCP port that is free on `host` right now, for a process to listen on soon.
+
+    Picked below the kernel's ephemeral range: until the listener binds, any outgoing
+    connection on the machine may be given a port of that range (in CI a service's bind
+    failed with 'address already in use' that way). The OS picks one if none is found."""
+    below = _ephemeral_range()[0]
+    if below - LOWEST_PICKED_PORT >= 1000:
+        for _ in range(32):
+            port = random.randrange(LOWEST_PICKED_PORT, below)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                try:
+                    sock.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        picked: int = sock.getsockname()[1]
+        return picked
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel gives outgoing connections (Linux; its default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def _greeting_seen(host: str, port: int, timeout: float) -> bool:

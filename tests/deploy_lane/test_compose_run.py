@@ -45,7 +45,6 @@ from podman_deploy import (
     Timings,
     build_images,
     ensure_debian_packages,
-    free_port,
     podman,
     run,
 )
@@ -56,6 +55,7 @@ from thorn.events import DESIRED_STATE_KV
 from thorn.generators import leaf_spine
 from thorn.ifnames import representor_ifname
 from thorn.leader.lease import LEASES_KV
+from thorn.natsd import free_port
 from thorn.netns import entered
 from thorn_lab import build
 from thorn_lab.handle import Lab

@@ -596,6 +596,16 @@ async def test_a_servers_refusal_stays_in_the_error_when_later_attempts_end_in_r
 # ------------------------------------------------------------------------------ EmbeddedNats
 
 
+def test_a_free_port_is_one_outgoing_connections_are_never_given() -> None:
+    """A picked port is bound later by a child: meanwhile the kernel gives outgoing
+    connections ports of its ephemeral range only, so one below it cannot be taken that way."""
+    low, _ = (int(p) for p in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    ports = [free_port() for _ in range(20)]
+    assert all(1024 <= port < low for port in ports), ports
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", ports[0]))  # and it is free
+
+
 def test_embedded_server_reports_the_reason_when_it_cannot_start() -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

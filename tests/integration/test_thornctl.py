@@ -13,7 +13,6 @@ import json
 import logging
 import os
 import re
-import socket
 import subprocess
 import sys
 import threading
@@ -49,6 +48,7 @@ from thorn.events import (
 from thorn.natsauth import permissions
 from thorn.natsauth.files import AuthDir
 from thorn.natsauth.jwt import decode, read_creds
+from thorn.natsd import free_port
 from thorn.observed import HeardNeighbour, NodeObservation, ObservedPort
 from thorn_gateway.app import create_app as gateway_app
 from thorn_health.app import create_app as health_app
@@ -203,13 +203,6 @@ def as_json(result: Result) -> Any:
 def write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 # --- generate, summary, nodes ----------------------------------------------------------------

@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -82,13 +81,6 @@ def ensure_debian_packages(timeout: float = 600) -> list[str]:
         run(["apt-get", *wait_for_lock, "install", "-y", "-qq", "--no-install-recommends",
              *missing], timeout=timeout, env=env)  # fmt: skip
     return missing
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
