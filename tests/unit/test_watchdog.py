@@ -101,6 +101,18 @@ def test_a_settled_heap_is_out_of_the_collectors_walk_and_new_objects_are_not() 
         gc.unfreeze()
 
 
+def test_a_settled_heap_is_collected_less_often_than_pythons_default() -> None:
+    default = gc.get_threshold()
+    try:
+        settle_heap()
+        young, middle, full = gc.get_threshold()
+        assert young * middle * full >= 50 * 700 * 10 * 10  # objects per full collection
+        assert young <= 20_000  # a young collection stays short (a BFD child runs them)
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*default)
+
+
 def test_a_long_lived_build_runs_no_collection_and_is_frozen_after() -> None:
     collections: list[int] = []
 

@@ -36,7 +36,7 @@ from thorn.events import (
 from thorn.fabric import ROW_MODELS, Fabric, FabricError, NotFound
 from thorn.model import AdminState, Role
 from thorn.store import Store
-from thorn.watchdog import building_long_lived, keep_long_lived
+from thorn.watchdog import building_long_lived, gc_paused, keep_long_lived
 from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
 from thorn_pathcomp.flips import link_flips
@@ -258,11 +258,14 @@ class PathService:
             if not self._health_loaded:
                 await self._load_health()
             start = time.perf_counter()
-            overlay = self._health_overlay(fabric)
-            plan = await asyncio.to_thread(_full_plan, fabric, overlay)
-            seconds = time.perf_counter() - start
-            PLAN_SECONDS.labels("full").observe(seconds)
-            states = await asyncio.to_thread(DesiredStates.build, fabric, plan, self.revision + 1)
+            with gc_paused():  # the plan and its documents: _adopt freezes them
+                overlay = self._health_overlay(fabric)
+                plan = await asyncio.to_thread(_full_plan, fabric, overlay)
+                seconds = time.perf_counter() - start
+                PLAN_SECONDS.labels("full").observe(seconds)
+                states = await asyncio.to_thread(
+                    DesiredStates.build, fabric, plan, self.revision + 1
+                )
             return await self._adopt(fabric, plan, states, None, seconds, "full", reason, vnis=True)
 
     async def _load_health(self) -> None:
@@ -307,22 +310,23 @@ class PathService:
                 if fabric.revision <= (self.fabric.revision if self.fabric else -1):
                     return
             start = time.perf_counter()
-            plan, update = await asyncio.to_thread(
-                _updated_plan, self.plan, fabric, moved, self._health_overlay(fabric)
-            )
-            seconds = time.perf_counter() - start
-            kind = "full" if update.full else "incremental"
-            PLAN_SECONDS.labels(kind).observe(seconds)
-            if moved is not None and not update.full and self.states is not None:
-                states = await asyncio.to_thread(
-                    self.states.advance, plan, update.recomputed, update.dropped,
-                    self.revision + 1, HostsMoved.of(fabric, moved, self.states.topology),
-                )  # fmt: skip
-            else:  # switches changed: build the documents afresh, staged from the old ones
-                moved = None
-                states = await asyncio.to_thread(
-                    DesiredStates.build, fabric, plan, self.revision + 1
+            with gc_paused():  # until the documents are built; _adopt freezes them
+                plan, update = await asyncio.to_thread(
+                    _updated_plan, self.plan, fabric, moved, self._health_overlay(fabric)
                 )
+                seconds = time.perf_counter() - start
+                kind = "full" if update.full else "incremental"
+                PLAN_SECONDS.labels(kind).observe(seconds)
+                if moved is not None and not update.full and self.states is not None:
+                    states = await asyncio.to_thread(
+                        self.states.advance, plan, update.recomputed, update.dropped,
+                        self.revision + 1, HostsMoved.of(fabric, moved, self.states.topology),
+                    )  # fmt: skip
+                else:  # switches changed: build the documents afresh, staged from the old ones
+                    moved = None
+                    states = await asyncio.to_thread(
+                        DesiredStates.build, fabric, plan, self.revision + 1
+                    )
             await self._adopt(
                 fabric,
                 plan,
@@ -367,20 +371,23 @@ class PathService:
             await self._no_changes.wait()
             fabric = self.fabric
             if fabric is not None and (self._spare is None or self._spare[0] is not fabric):
-                spare = await asyncio.to_thread(fabric.copy)
+                with building_long_lived():
+                    spare = await asyncio.to_thread(fabric.copy)
                 if self.fabric is fabric:
                     self._spare = (fabric, spare)
                 continue
             plan, status = self.plan, self.status
             if plan is None or status is None or self.summary_revision == status.revision:
                 return
-            summary = await asyncio.to_thread(
-                plan.summarise_unless, lambda: self._changes > 0 or self._stopping
-            )
+            with gc_paused():  # ~2 s of allocations at k=32: no full walks meanwhile
+                summary = await asyncio.to_thread(
+                    plan.summarise_unless, lambda: self._changes > 0 or self._stopping
+                )
             if summary is None or self.plan is not plan:
                 SUMMARIES_GIVEN_WAY.inc()
                 continue  # a change came: summarise what it serves, once it is done
             plan.summary = summary
+            keep_long_lived()
             self.summary, self.summary_revision = summary, status.revision
             UNPROTECTED.set(summary.unprotected_pairs)
 
@@ -494,10 +501,13 @@ class PathService:
             if not changes:
                 return
             start = time.perf_counter()
-            plan, update = await asyncio.to_thread(self.plan.update_links, changes, fabric.revision)
-            states = await asyncio.to_thread(
-                self.states.advance, plan, update.recomputed, update.dropped, self.revision + 1
-            )
+            with gc_paused():  # kept, then frozen by _adopt (keep_long_lived)
+                plan, update = await asyncio.to_thread(
+                    self.plan.update_links, changes, fabric.revision
+                )
+                states = await asyncio.to_thread(
+                    self.states.advance, plan, update.recomputed, update.dropped, self.revision + 1
+                )
             seconds = time.perf_counter() - start
             PLAN_SECONDS.labels("incremental").observe(seconds)
             reason = ", ".join(f"link {i} {e.state}" for i, e in sorted(events.items()))
