@@ -36,7 +36,7 @@ from thorn.events import (
 from thorn.fabric import ROW_MODELS, Fabric, FabricError, NotFound
 from thorn.model import AdminState, Role
 from thorn.store import Store
-from thorn.watchdog import building_long_lived, gc_paused, keep_long_lived
+from thorn.watchdog import building_long_lived, keep_long_lived
 from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
 from thorn_pathcomp.flips import link_flips
@@ -258,7 +258,7 @@ class PathService:
             if not self._health_loaded:
                 await self._load_health()
             start = time.perf_counter()
-            with gc_paused():  # the plan and its documents: _adopt freezes them
+            with building_long_lived():  # the plan and its documents, frozen unwalked
                 overlay = self._health_overlay(fabric)
                 plan = await asyncio.to_thread(_full_plan, fabric, overlay)
                 seconds = time.perf_counter() - start
@@ -310,7 +310,7 @@ class PathService:
                 if fabric.revision <= (self.fabric.revision if self.fabric else -1):
                     return
             start = time.perf_counter()
-            with gc_paused():  # until the documents are built; _adopt freezes them
+            with building_long_lived():  # the new plan and documents, frozen unwalked
                 plan, update = await asyncio.to_thread(
                     _updated_plan, self.plan, fabric, moved, self._health_overlay(fabric)
                 )
@@ -379,7 +379,7 @@ class PathService:
             plan, status = self.plan, self.status
             if plan is None or status is None or self.summary_revision == status.revision:
                 return
-            with gc_paused():  # ~2 s of allocations at k=32: no full walks meanwhile
+            with building_long_lived():  # ~2 s of allocations at k=32, none walked
                 summary = await asyncio.to_thread(
                     plan.summarise_unless, lambda: self._changes > 0 or self._stopping
                 )
@@ -387,7 +387,6 @@ class PathService:
                 SUMMARIES_GIVEN_WAY.inc()
                 continue  # a change came: summarise what it serves, once it is done
             plan.summary = summary
-            keep_long_lived()
             self.summary, self.summary_revision = summary, status.revision
             UNPROTECTED.set(summary.unprotected_pairs)
 
@@ -501,7 +500,7 @@ class PathService:
             if not changes:
                 return
             start = time.perf_counter()
-            with gc_paused():  # kept, then frozen by _adopt (keep_long_lived)
+            with building_long_lived():  # the new plan and documents, frozen unwalked
                 plan, update = await asyncio.to_thread(
                     self.plan.update_links, changes, fabric.revision
                 )
