@@ -225,6 +225,28 @@ def test_dampening_reuse_is_a_tick_at_the_time_the_core_asks_for() -> None:
     assert core.next_tick(now + wait + 0.01) is None
 
 
+def test_a_link_suppressed_before_a_restart_is_reused_on_time_by_the_restarted_core() -> None:
+    first = core_with_links()
+    stored: dict[int, LinkStateRecord] = {}
+    now = T0
+    first.apply(report("leaf1", 0, carrier("swp1", True, now)), now)
+    for _ in range(5):
+        for up in (False, True):
+            now += 0.05
+            for r in first.apply(report("leaf1", 0, carrier("swp1", up, now)), now).records:
+                if isinstance(r, LinkStateRecord):
+                    stored[r.link_id] = r
+    assert stored[1].state == "flapping"
+    second = HealthCore()
+    second.restore(stored.values(), {1: "flapping"})
+    second.set_topology(LINKS, now)  # no report, no transition: only time can reuse it
+    wait = second.next_tick(now)
+    assert wait is not None and wait > 10
+    out = second.tick(now + wait + 0.01)
+    assert [(t.link_id, t.state, t.source) for t in out.transitions] == [(1, "up", "dampening")]
+    assert second.next_tick(now + wait + 0.01) is None
+
+
 def test_a_drained_link_or_node_follows_the_topology() -> None:
     core = core_with_links()
     core.apply(report("leaf1", 0, carrier("swp1", True, T0)), T0)
