@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -161,7 +163,11 @@ class HealthService:
         self.active = asyncio.Event()  # set while this replica takes agent reports
         self._wake = asyncio.Event()
         self._stopping = False
-        self._written = asyncio.Event()
+        # Who waits for which batch to be stored, soonest first: the writer wakes only those
+        # its batch covers (one event woke every waiting answer at each write, and with
+        # thousands of answers waiting at k=32 each write cost thousands of wake-ups).
+        self._store_waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_ids = itertools.count()
         self._answering: set[asyncio.Task[None]] = set()  # answers waiting for the store
         # Failover history: every replica writes it (idempotent), see recorder.py.
         self.failovers = FailoverRecorder(store, bus)
@@ -275,9 +281,19 @@ class HealthService:
         await self._stored_through(last)
 
     async def _stored_through(self, batch: int) -> None:
-        while self._stored < batch:
-            self._written.clear()
-            await self._written.wait()
+        if self._stored >= batch:
+            return
+        stored: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._store_waiters, (batch, next(self._waiter_ids), stored))
+        await stored
+
+    def _mark_stored(self, batch: int) -> None:
+        self._stored = batch
+        waiters = self._store_waiters
+        while waiters and waiters[0][0] <= batch:
+            stored = heapq.heappop(waiters)[2]
+            if not stored.done():  # done: its wait timed out
+                stored.set_result(None)
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -489,8 +505,7 @@ class HealthService:
                     STORE_ERRORS.inc()
                     log.error("health_records_not_written", records=len(batch), error=str(exc))
                     await asyncio.sleep(1.0)
-            self._stored = last
-            self._written.set()
+            self._mark_stored(last)
 
     async def _ticker(self) -> None:
         while not self._stopping:
