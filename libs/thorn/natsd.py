@@ -95,6 +95,8 @@ def find_nats_server() -> Path:
 
 
 LOWEST_PICKED_PORT = 10000
+_PORTS = random.SystemRandom()  # not the global generator: a test that seeds it must not
+# make two processes, or two picks, draw the same ports
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:
@@ -106,7 +108,7 @@ def free_port(host: str = DEFAULT_HOST) -> int:
     below = _ephemeral_range()[0]
     if below - LOWEST_PICKED_PORT >= 1000:
         for _ in range(32):
-            port = random.randrange(LOWEST_PICKED_PORT, below)
+            port = _PORTS.randrange(LOWEST_PICKED_PORT, below)
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 try:
                     sock.bind((host, port))
