@@ -91,6 +91,7 @@ def test_a_settled_heap_is_out_of_the_collectors_walk_and_new_objects_are_not() 
         pass
 
     made_at_start = StartUp()
+    default = gc.get_threshold()
     try:
         settle_heap()
         made_later = StartUp()
@@ -99,6 +100,7 @@ def test_a_settled_heap_is_out_of_the_collectors_walk_and_new_objects_are_not() 
         assert any(o is made_later for o in tracked)
     finally:
         gc.unfreeze()
+        gc.set_threshold(*default)  # the rest of the session collects as Python does
 
 
 def test_a_settled_heap_is_collected_less_often_than_pythons_default() -> None:
