@@ -95,8 +95,8 @@ def find_nats_server() -> Path:
 
 
 LOWEST_PICKED_PORT = 10000
-_PORTS = random.SystemRandom()  # not the global generator: a test that seeds it must not
-# make two processes, or two picks, draw the same ports
+# Not the global generator: a test that seeds it must not make two picks draw the same port.
+_PORTS = random.SystemRandom()
 
 
 def free_port(host: str = DEFAULT_HOST) -> int:

@@ -125,6 +125,11 @@ def _to_resync(
     return held, stale
 
 
+def _stage_documents(states: DesiredStates, nodes: list[str], stage: int) -> dict[str, bytes]:
+    """What to write for `nodes` at `stage` of a rollout."""
+    return {node: states.document_at(node, stage) for node in nodes}
+
+
 def _changes(old: DesiredStates | None, new: DesiredStates, afresh: bool) -> list[NodeChange]:
     """The documents `new` changes, by stage; `afresh`: built, not advanced, from `old`."""
     if old is not None and afresh:
@@ -746,9 +751,7 @@ class PathService:
                 break
             begun = time.perf_counter()
             nodes = [c.node for c in changes if stage in c.stages]
-            documents = await asyncio.to_thread(
-                lambda: {n: states.document_at(n, stage) for n in nodes}  # noqa: B023
-            )
+            documents = await asyncio.to_thread(_stage_documents, states, nodes, stage)
             every = stage >= HOST_STAGE  # hosts and removals: after every switch
             try:
                 written = dict(await asyncio.gather(*(
