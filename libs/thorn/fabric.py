@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from thorn.model import (
     FABRIC_FORMAT,
@@ -335,6 +335,28 @@ class Fabric:
                 return None  # a switch, or a switch port's address (the routes' next hops)
             # A switch port that comes or goes carries no link: no path uses it.
         return hosts
+
+    def admin_states_only(self, changes: Sequence[RowChange]) -> bool:
+        """Whether changes (about to be replayed here) only set admin states of nodes or
+        links held here (a drain, an undrain): paths move, but no address, TEP, workload,
+        SRLG or offload policy does."""
+        if not changes:
+            return False
+        for change in changes:
+            known: Node | Link | None = None
+            if change.op == "update" and change.kind == "node":
+                known = self.nodes.get(change.key)
+            elif change.op == "update" and change.kind == "link" and change.key.isdigit():
+                known = self.links.get(int(change.key))
+            if known is None or change.value is None:
+                return False
+            try:
+                row = ROW_MODELS[change.kind].model_validate(change.value)
+            except ValidationError:
+                return False
+            if row.model_copy(update={"admin_state": known.admin_state}) != known:
+                return False
+        return True
 
     def _replay_one(self, change: RowChange) -> None:
         kind, op, key, value = change.kind, change.op, change.key, change.value

@@ -123,3 +123,20 @@ def test_a_copy_replays_while_the_original_stays_as_it_was() -> None:
     again.delete_link(again.link_of_port[("leaf1", "swp9")])
     again.delete_port("leaf1", "swp9")
     same(copy, again)
+
+
+def test_drains_and_undrains_are_admin_state_changes_only_and_nothing_else_is() -> None:
+    f = start()
+    spine_link = next(i for i, lk in f.links.items() if lk.a.node.startswith("spine")
+                      or lk.b.node.startswith("spine"))  # fmt: skip
+    assert f.admin_states_only(as_event(2, start().drain_node("spine1")))
+    assert f.admin_states_only(as_event(2, start().drain_link(spine_link)))
+    drained = start()
+    drained.drain_node("spine1")
+    assert drained.admin_states_only(as_event(3, start().drain_node("spine1")))  # no change
+    offload = start().update_node("spine1", NodeUpdate(offload="software"))
+    assert not f.admin_states_only(as_event(2, offload))
+    readdress = start().update_port("leaf1", "swp1", PortUpdate(speed_mbps=1000))
+    assert not f.admin_states_only(as_event(2, readdress))
+    assert not f.admin_states_only(as_event(2, new_host(start())))
+    assert not f.admin_states_only([])

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import orjson
 import structlog
@@ -39,7 +39,7 @@ from thorn.store import Store
 from thorn.watchdog import building_long_lived, keep_long_lived
 from thorn_pathcomp.acks import AgentAcks
 from thorn_pathcomp.drains import DrainReport, RouteLoad, pending_agents, route_load
-from thorn_pathcomp.flips import link_flips
+from thorn_pathcomp.flips import link_flips, prepare_flips
 from thorn_pathcomp.node_documents import (
     HOST_STAGE,
     DesiredStates,
@@ -60,7 +60,8 @@ PLAN_SECONDS = Histogram(
 TOPOLOGY_SECONDS = Histogram(
     "thorn_pathcomp_topology_change_seconds",
     "From a topology.changed event taken to its documents written: `hosts` when only hosts "
-    "changed (their documents alone are rebuilt), `whole` otherwise",
+    "changed (their documents alone are rebuilt), `paths` when only admin states did (a "
+    "drain: the documents advance as for link failures), `whole` otherwise (built afresh)",
     ["scope"],
     buckets=(0.01, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
@@ -135,6 +136,15 @@ def _changes(old: DesiredStates | None, new: DesiredStates, afresh: bool) -> lis
     if old is not None and afresh:
         new.compare_with(old)  # documents built afresh still move destination outward
     return diff(old, new)
+
+
+class Replayed(NamedTuple):
+    """A topology event replayed on the held fabric: the result (None: read the store),
+    the hosts it touched (None: not only hosts), whether it set admin states only."""
+
+    fabric: Fabric | None
+    moved: set[str] | None = None
+    drained: bool = False
 
 
 class Entry(Protocol):
@@ -308,7 +318,7 @@ class PathService:
         async with self._changing():
             assert self.plan is not None
             received = time.perf_counter()
-            fabric, moved = self._replayed(event)
+            fabric, moved, drained = self._replayed(event)
             if fabric is None:
                 with building_long_lived():  # no collection walks a big fabric
                     fabric = await self.store.load()
@@ -322,13 +332,17 @@ class PathService:
                 seconds = time.perf_counter() - start
                 kind = "full" if update.full else "incremental"
                 PLAN_SECONDS.labels(kind).observe(seconds)
-                if moved is not None and not update.full and self.states is not None:
+                # Hosts only, or admin states only (a drain: paths move as when links
+                # fail): advance the documents; else build them afresh, staged from the old.
+                held = self.states if not update.full else None
+                if held is not None and (moved is not None or drained):
+                    hosts = None if moved is None else HostsMoved.of(fabric, moved, held.topology)
                     states = await asyncio.to_thread(
-                        self.states.advance, plan, update.recomputed, update.dropped,
-                        self.revision + 1, HostsMoved.of(fabric, moved, self.states.topology),
+                        held.advance, plan, update.recomputed, update.dropped,
+                        self.revision + 1, hosts,
                     )  # fmt: skip
-                else:  # switches changed: build the documents afresh, staged from the old ones
-                    moved = None
+                else:
+                    held, moved = None, None
                     states = await asyncio.to_thread(
                         DesiredStates.build, fabric, plan, self.revision + 1
                     )
@@ -341,11 +355,10 @@ class PathService:
                 kind,
                 f"topology revision {fabric.revision}",
                 vnis=True,
-                fresh=moved is None,
+                fresh=held is None,
             )
-            TOPOLOGY_SECONDS.labels("hosts" if moved is not None else "whole").observe(
-                time.perf_counter() - received
-            )
+            scope = "whole" if held is None else "hosts" if moved is not None else "paths"
+            TOPOLOGY_SECONDS.labels(scope).observe(time.perf_counter() - received)
 
     @contextlib.asynccontextmanager
     async def _changing(self) -> AsyncIterator[None]:
@@ -395,18 +408,19 @@ class PathService:
             self.summary, self.summary_revision = summary, status.revision
             UNPROTECTED.set(summary.unprotected_pairs)
 
-    def _replayed(self, event: TopologyChanged) -> tuple[Fabric | None, set[str] | None]:
-        """The held fabric moved to the event's revision by its rows, and the hosts they
-        touch (None: not only hosts); (None, None) when it cannot be (then read the store)."""
+    def _replayed(self, event: TopologyChanged) -> Replayed:
+        """The held fabric moved to the event's revision by its rows, with what they touch;
+        no fabric when it cannot be (then read the store)."""
         fabric = self.fabric
         if fabric is None or event.revision != fabric.revision + 1:
-            return None, None
+            return Replayed(None)
         if not event.changes or any(
             c.kind not in ROW_MODELS or (c.op != "delete" and c.value is None)
             for c in event.changes
         ):
-            return None, None  # a bulk write, summarised (or not itemised): read the store
+            return Replayed(None)  # a bulk write, summarised (or not itemised): read the store
         moved = fabric.hosts_touched(event.changes)
+        drained = moved is None and fabric.admin_states_only(event.changes)
         # The served plan's fabric stays as it is until the new one is adopted: replay on a
         # copy, the spare one made since the last change if there is one.
         spare, self._spare = self._spare, None
@@ -415,9 +429,9 @@ class PathService:
             fabric.replay(event.changes)
         except (FabricError, NotFound) as exc:
             log.warning("topology_replay_failed", revision=event.revision, error=str(exc))
-            return None, None
+            return Replayed(None)
         fabric.revision = event.revision
-        return fabric, moved
+        return Replayed(fabric, moved, drained)
 
     async def on_link_health(self, event: LinkHealthChanged) -> None:
         """A link's health changed: first the urgent flips (a link going out of service),
@@ -669,6 +683,7 @@ class PathService:
         # Off the event loop: at k=32 comparing 9,472 documents takes seconds, and a loop
         # held that long misses the lease's renewal (the lease is lost, a resync follows).
         changes = await asyncio.to_thread(_changes, old, states, fresh or update is None)
+        await asyncio.to_thread(prepare_flips, plan)  # the next failure's flips, ready
         published = 0
         stage_timings: list[dict[str, float]] = []  # for the log: where a rollout's time goes
         adopting = time.perf_counter()
