@@ -216,7 +216,10 @@ class KeyValueSpec:
 DESIRED_STATE_KV = KeyValueSpec(
     bucket="thorn-desired-state",
     description="per-node desired datapath state, one key per node, written by pathcomp",
-    history=5,
+    # Only the newest document counts (agents reconcile to it). With 5 kept, a k=32 fabric's
+    # staged rollouts (its documents ~225 MB a set) filled the 1 GiB and every write was
+    # refused ('maximum bytes exceeded'); one set fits up to k=40 (~540 MB).
+    history=1,
     max_value_size=8 * _MIB,
     max_bytes=1024 * _MIB,
     # Every node's agent watches its key, and a host each of its VNIs: the server's default

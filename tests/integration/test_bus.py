@@ -674,3 +674,20 @@ async def test_a_comma_separated_url_lists_the_servers_of_a_cluster(
     async with await Bus.connect(f"{dead}, {nats_server.url}", name="test-cluster",
                                  tls=transport.client) as bus:  # fmt: skip
         assert bus.is_connected
+
+
+async def test_rewriting_every_document_keeps_one_set_in_the_desired_state_bucket(
+    bus: Bus,
+) -> None:
+    # A staged rollout writes a node several times; with 5 revisions kept, a k=32 fabric's
+    # rollouts filled the bucket's 1 GiB and the server refused every write after.
+    kv = await bus.desired_state()
+    stream = f"KV_{DESIRED_STATE_KV.bucket}"
+    before = (await bus.js.stream_info(stream)).state.bytes
+    document = b"x" * 100_000
+    nodes = [f"bucket-size-{n}" for n in range(20)]
+    for _ in range(5):
+        for node in nodes:
+            await kv.put(node, document)
+    grown = (await bus.js.stream_info(stream)).state.bytes - before
+    assert grown < 1.5 * len(nodes) * len(document)  # one set, not five

@@ -58,6 +58,7 @@ from thorn.model import (
 )
 from thorn.natsd import free_port
 from thorn.store import Store
+from thorn_pathcomp import service as service_module
 from thorn_pathcomp.app import create_app
 from thorn_pathcomp.node_documents import HOST_STAGE, DesiredStates, diff
 from thorn_pathcomp.plan import Plan, PlanSummary
@@ -833,3 +834,61 @@ async def test_a_recompute_asked_of_a_follower_is_done_by_the_leader(
         assert answer.status_code == 200, answer.text
         assert answer.json()["revision"] == leader.revision > before
         assert refused.status_code == 403  # the follower checks the token itself
+
+
+class CountingKv:
+    """The real desired-state bucket, counting the reads and writes in flight at once."""
+
+    def __init__(self, kv: Any) -> None:
+        self.kv, self.now, self.most, self.calls = kv, 0, 0, 0
+
+    async def _counted(self, call: Any) -> Any:
+        self.now += 1
+        self.calls += 1
+        self.most = max(self.most, self.now)
+        try:
+            await asyncio.sleep(0)  # let the others start: only a bound keeps them out
+            return await call
+        finally:
+            self.now -= 1
+
+    async def get(self, node: str) -> Any:
+        return await self._counted(self.kv.get(node))
+
+    async def put(self, node: str, value: bytes) -> int:
+        return int(await self._counted(self.kv.put(node, value)))
+
+    async def update(self, node: str, value: bytes, *, last: int) -> int:
+        return int(await self._counted(self.kv.update(node, value, last=last)))
+
+
+async def test_a_leader_reads_and_writes_a_bounded_number_of_documents_at_once(
+    fabric_store: Store, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # At k=32 a switch's document is ~180 KB: all 9,472 written at once queued ~1 GB ahead
+    # of the lease's renewal (lost), and a new leader's reads overran the client's input.
+    monkeypatch.setattr(service_module, "DOCUMENTS_IN_FLIGHT", 2)
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        await until(service.is_leader, "leads")
+        assert service.states is not None
+        counting = CountingKv(service.kv)
+        service.kv = counting  # type: ignore[assignment]
+        kv = await bus.desired_state()
+        nodes = sorted(service.states.switch_routes) + sorted(service.states.hosts)
+        for node in nodes:  # every document stale, as a dead leader's unfinished term
+            await kv.put(node_key(node), b'{"stale": true}')
+        await service.resync()  # (the start's own may have run meanwhile: both count)
+        assert counting.calls >= 2 * len(nodes) and counting.most <= 2
+        for node in nodes:
+            entry = await kv.get(node_key(node))
+            assert entry is not None and entry.value == service.states.document(node)
+        counting.most = 0
+        spine_link = next(i for i, lk in sorted((await fabric_store.load()).links.items())
+                          if {lk.a.node[:5], lk.b.node[:5]} == {"spine", "leaf1"})  # fmt: skip
+        written = counting.calls
+        await commit_and_announce(fabric_store, bus, lambda f: f.drain_link(spine_link))
+        await until(lambda: counting.calls > written and service.fabric is not None
+                    and service.fabric.revision == 2, "the drain written")  # fmt: skip
+        assert counting.most <= 2

@@ -80,7 +80,10 @@ CENTRAL_FLIPS = Counter(
     "thorn_pathcomp_central_flips_total", "Urgent flip messages sent to source hosts"
 )
 
-RESYNC_IN_FLIGHT = 256  # a new leader's writes in flight at once (9,472 nodes at k=32)
+# Documents read or written at once. At k=32 a switch's is ~180 KB, and the lease's renewal
+# shares the connection: all 9,472 at once queued ~1 GB ahead of it (the lease was lost) and
+# a new leader's reads overran the client's 64 MB of pending input (a slow consumer).
+DOCUMENTS_IN_FLIGHT = 64
 REPLAN_HOLD_SECONDS = 0.02  # how long re-protection waits for a burst of link events
 
 # Health states in which a link carries no traffic for path computation.
@@ -219,6 +222,7 @@ class PathService:
         self.kv = kv
         self.bus = bus
         self.is_leader = is_leader
+        self._in_flight = asyncio.Semaphore(DOCUMENTS_IN_FLIGHT)  # document writes
         self.fabric: Fabric | None = None
         self.plan: Plan | None = None
         self.states: DesiredStates | None = None
@@ -603,17 +607,20 @@ class PathService:
         replica that lost the lease."""
         assert self.kv is not None
         last = self.written.get(node)
-        if last is None:
-            return await self.kv.put(node_key(node), document)
-        try:
-            return await self.kv.update(node_key(node), document, last=last)
-        except DesiredStateConflict:
-            FENCED_WRITES.inc()
-            if not self.is_leader():
-                raise Deposed(node) from None
-            # Still the leader (the key was written by hand, or by a leader this one
-            # outlived): its plan is the one to serve.
-            log.warning("desired_state_written_by_someone_else", node=node)
+        async with self._in_flight:
+            if last is None:
+                return await self.kv.put(node_key(node), document)
+            try:
+                return await self.kv.update(node_key(node), document, last=last)
+            except DesiredStateConflict:
+                pass
+        FENCED_WRITES.inc()
+        if not self.is_leader():
+            raise Deposed(node)
+        # Still the leader (the key was written by hand, or by a leader this one outlived):
+        # its plan is the one to serve.
+        log.warning("desired_state_written_by_someone_else", node=node)
+        async with self._in_flight:
             return await self.kv.put(node_key(node), document)
 
     async def take_over(self, last_published: int) -> None:
@@ -798,20 +805,20 @@ class PathService:
             hosts = sorted(states.hosts)
             written = 0
             for batch in (switches, hosts):
-                entries = await asyncio.gather(*(kv.get(node_key(n)) for n in batch))
-                # Off the loop (seconds at k=32: the loop must keep renewing the new lease).
-                held, stale = await asyncio.to_thread(_to_resync, states, batch, entries)
-                self.written.update(held)  # later writes compare with these
-                for at in range(0, len(stale), RESYNC_IN_FLIGHT):
+                for at in range(0, len(batch), DOCUMENTS_IN_FLIGHT):
                     if not self.is_leader():
                         return written
-                    chunk = stale[at : at + RESYNC_IN_FLIGHT]
+                    nodes = batch[at : at + DOCUMENTS_IN_FLIGHT]
+                    entries = await asyncio.gather(*(kv.get(node_key(n)) for n in nodes))
+                    # Off the loop (at k=32 the loop must keep renewing the new lease).
+                    held, stale = await asyncio.to_thread(_to_resync, states, nodes, entries)
+                    self.written.update(held)  # later writes compare with these
                     revisions = await asyncio.gather(
-                        *(kv.put(node_key(node), document) for node, document in chunk)
+                        *(kv.put(node_key(node), document) for node, document in stale)
                     )
-                    for (node, _), revision in zip(chunk, revisions, strict=True):
+                    for (node, _), revision in zip(stale, revisions, strict=True):
                         self.written[node] = revision
-                    written += len(chunk)
+                    written += len(stale)
             KV_WRITES.inc(written)
             log.info("resynced_as_leader", documents=written, plan_revision=self.revision)
             return written
