@@ -83,3 +83,36 @@ async def test_an_agent_repeating_its_last_report_stays_live_through_a_quiet_min
         clock.now += 15
         await acks.on_applied(applied("leaf1", 1))
     assert acks.missing({"leaf1": 2}) == ["leaf1"]
+
+
+async def test_many_writes_waiting_at_once_each_end_when_its_own_nodes_applied() -> None:
+    acks = AgentAcks()
+    nodes = [f"leaf{n}" for n in range(50)]
+    for node in nodes:
+        await acks.on_applied(applied(node, 1))
+    waits = {node: asyncio.create_task(acks.wait({node: 2}, within=5)) for node in nodes}
+    both = asyncio.create_task(acks.wait({"leaf0": 3, "leaf1": 2}, within=5))
+    await asyncio.sleep(0.01)
+    for node in nodes[:25]:
+        await acks.on_applied(applied(node, 2))
+    await asyncio.sleep(0.01)
+    assert all(waits[n].done() for n in nodes[:25])
+    assert not any(waits[n].done() for n in nodes[25:])
+    assert not both.done()  # leaf0 is at 2, not 3
+    await acks.on_applied(applied("leaf0", 3))
+    assert await both == []
+    for node in nodes[25:]:
+        await acks.on_applied(applied(node, 5))
+    assert [await waits[n] for n in nodes] == [[]] * len(nodes)
+
+
+async def test_a_report_with_errors_ends_no_wait_and_the_next_good_one_counts() -> None:
+    acks = AgentAcks()
+    await acks.on_applied(applied("leaf1", 1))
+    waiting = asyncio.create_task(acks.wait({"leaf1": 2}, within=0.05))
+    await asyncio.sleep(0.01)
+    failed = applied("leaf1", 2).model_copy(update={"errors": ["route refused"]})
+    await acks.on_applied(failed)
+    assert await waiting == ["leaf1"]
+    await acks.on_applied(applied("leaf1", 2))  # after the wait gave up: nobody to wake
+    assert await acks.wait({"leaf1": 2}, within=0.05) == []
