@@ -111,7 +111,7 @@ class _NamedConsumers:
 
 
 class DesiredStateStore:
-    """Per-node desired datapath state: one key per node, a few revisions of history."""
+    """Per-node desired datapath state: one key per node, its newest value kept."""
 
     def __init__(self, kv: KeyValue, bucket: str) -> None:
         self._kv = kv
