@@ -22,8 +22,10 @@ the link matters for.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import accumulate
 
 from thorn.model import Colour
 from thorn_pathcomp.graph import FabricGraph, Group, SwitchId
@@ -52,20 +54,26 @@ class Flip:
     colour: Colour
 
 
-def _children(trees: GroupTrees, colour: ColourIndex) -> list[list[SwitchId]]:
-    """Per switch, the switches whose `colour` next hop is it (kept with the trees)."""
-    key = (-1, int(colour))  # not a graph state: the trees' own structure
-    hit = trees.derived.get(key)
-    if hit is not None:
-        found = hit[1]
-        assert isinstance(found, list)
+def _children(trees: GroupTrees, colour: ColourIndex) -> tuple[array[int], array[int]]:
+    """Per switch, the switches whose `colour` next hop is it: those of switch v are
+    `switches[offsets[v]:offsets[v + 1]]` (kept with the trees)."""
+    found = trees.children.get(colour)
+    if found is not None:
         return found
-    children: list[list[SwitchId]] = [[] for _ in trees.level]
-    for v, hop in enumerate(trees.next[colour]):
-        if hop is not None and hop.switch != HOST:
-            children[hop.switch].append(v)
-    trees.derived[key] = (None, children)
-    return children
+    parents = [-1 if hop is None or hop.switch == HOST else hop.switch
+               for hop in trees.next[colour]]  # fmt: skip
+    counts = [0] * (len(parents) + 1)
+    for parent in parents:
+        counts[parent + 1] += parent >= 0
+    offsets = array("i", accumulate(counts))
+    switches = array("i", bytes(4 * offsets[-1]))
+    at = list(offsets)
+    for v, parent in enumerate(parents):
+        if parent >= 0:
+            switches[at[parent]] = v
+            at[parent] += 1
+    trees.children[colour] = (offsets, switches)
+    return offsets, switches
 
 
 def prepare_flips(plan: Plan) -> None:
@@ -78,10 +86,11 @@ def prepare_flips(plan: Plan) -> None:
 
 
 def _subtree(trees: GroupTrees, colour: ColourIndex, top: SwitchId) -> set[SwitchId]:
-    children = _children(trees, colour)
+    offsets, switches = _children(trees, colour)
     out, stack = {top}, [top]
     while stack:
-        for child in children[stack.pop()]:
+        v = stack.pop()
+        for child in switches[offsets[v] : offsets[v + 1]]:
             if child not in out:
                 out.add(child)
                 stack.append(child)

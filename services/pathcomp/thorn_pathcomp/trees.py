@@ -26,6 +26,7 @@ SRLG with the first colour's path. Ties always break by switch number, then link
 from __future__ import annotations
 
 import heapq
+from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -74,6 +75,13 @@ class GroupTrees:
     missing: tuple[frozenset[SwitchId], frozenset[SwitchId]] = (frozenset(), frozenset())
     # backups.routing's results per (graph state, colour): derived, not part of the trees.
     derived: dict[tuple[int, int], tuple[object, object]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    # Per colour, the switches whose next hop each switch is, as (offsets, switches) arrays:
+    # flips.py's, built ahead of a failure. Arrays, not a list per switch: the collector does
+    # not walk them (1.3 M lists at k=32 made its young collections take 50-190 ms). Apart
+    # from `derived`, which backups.routing empties as graph states pass.
+    children: dict[int, tuple[array[int], array[int]]] = field(
         default_factory=dict, compare=False, repr=False
     )
 
