@@ -129,11 +129,6 @@ def _to_resync(
     return held, stale
 
 
-def _stage_documents(states: DesiredStates, nodes: list[str], stage: int) -> dict[str, bytes]:
-    """What to write for `nodes` at `stage` of a rollout."""
-    return {node: states.document_at(node, stage) for node in nodes}
-
-
 def _changes(old: DesiredStates | None, new: DesiredStates, afresh: bool) -> list[NodeChange]:
     """The documents `new` changes, by stage; `afresh`: built, not advanced, from `old`."""
     if old is not None and afresh:
@@ -222,7 +217,7 @@ class PathService:
         self.kv = kv
         self.bus = bus
         self.is_leader = is_leader
-        self._in_flight = asyncio.Semaphore(DOCUMENTS_IN_FLIGHT)  # document writes
+        self._in_flight = asyncio.Semaphore(DOCUMENTS_IN_FLIGHT)  # documents being written
         self.fabric: Fabric | None = None
         self.plan: Plan | None = None
         self.states: DesiredStates | None = None
@@ -607,20 +602,17 @@ class PathService:
         replica that lost the lease."""
         assert self.kv is not None
         last = self.written.get(node)
-        async with self._in_flight:
-            if last is None:
-                return await self.kv.put(node_key(node), document)
-            try:
-                return await self.kv.update(node_key(node), document, last=last)
-            except DesiredStateConflict:
-                pass
-        FENCED_WRITES.inc()
-        if not self.is_leader():
-            raise Deposed(node)
-        # Still the leader (the key was written by hand, or by a leader this one outlived):
-        # its plan is the one to serve.
-        log.warning("desired_state_written_by_someone_else", node=node)
-        async with self._in_flight:
+        if last is None:
+            return await self.kv.put(node_key(node), document)
+        try:
+            return await self.kv.update(node_key(node), document, last=last)
+        except DesiredStateConflict:
+            FENCED_WRITES.inc()
+            if not self.is_leader():
+                raise Deposed(node) from None
+            # Still the leader (the key was written by hand, or by a leader this one
+            # outlived): its plan is the one to serve.
+            log.warning("desired_state_written_by_someone_else", node=node)
             return await self.kv.put(node_key(node), document)
 
     async def take_over(self, last_published: int) -> None:
@@ -763,7 +755,11 @@ class PathService:
             if waited and (late := await self.acks.wait(waited, self.stage_timeout)):
                 log.warning("stage_not_acknowledged", stage=stage, node=node, late=late[:10],
                             count=len(late))  # fmt: skip
-            revision = await self._write(node, documents[node])
+            # Rendered only once it may be written: a stage's documents all at once were
+            # ~225 MB at k=32's start (every node), on top of the plan.
+            async with self._in_flight:
+                document = await asyncio.to_thread(states.document_at, node, stage)
+                revision = await self._write(node, document)
             self.written[node] = revision  # the next write compares with this one
             return node, revision
 
@@ -773,7 +769,6 @@ class PathService:
                 break
             begun = time.perf_counter()
             nodes = [c.node for c in changes if stage in c.stages]
-            documents = await asyncio.to_thread(_stage_documents, states, nodes, stage)
             every = stage >= HOST_STAGE  # hosts and removals: after every switch
             try:
                 written = dict(await asyncio.gather(*(
