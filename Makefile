@@ -113,9 +113,11 @@ bench-failover: venv test-deps
 ## bench-scale: 1,000 simulated agents (the programmer's own agent code, a null datapath)
 ## against topology, health and pathcomp on the embedded nats-server and a 3-server cluster:
 ## link failure and topology change to every agent's document, health's ingest, CPU and
-## memory; results go to docs/benchmarks.md
+## memory, on a k=16 fat-tree and then on k=32's 8,192 hosts (embedded NATS); results go to
+## docs/benchmarks.md
 bench-scale: venv
 	$(BIN)/python tests/bench/bench_scale.py --write docs/benchmarks.md
+	$(BIN)/python tests/bench/bench_scale.py --k 32 --nats embedded --failures 3 --write docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .cache  # .thorn (store, token) is kept

@@ -727,7 +727,15 @@ class Bench:
         if period != REAL_PERIOD_S:
             await self.agents.period(REAL_PERIOD_S)
         if links:
-            await self.agents.carrier([(lk.a.node, lk.a.port, True) for lk in links])
+            back = min(await self.agents.carrier([(lk.a.node, lk.a.port, True) for lk in links]))
+            # Health holds a link back for THORN_LINK_UP_HOLD_MS (1 s, as long as the quiet
+            # that ends a settle): without waiting for their "up", the next phase's first
+            # change began while the probes' return was still being planned and written.
+            deadline = time.monotonic() + EVENT_S
+            while any(self.obs.link_event(lk.id, "up", back) is None for lk in links):
+                if time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.05)
         if not await self.obs.settle(SETTLE_S):
             self.r.notes.append(f"after the window of {load} the probes' return did not "
                                 f"settle within {SETTLE_S:g} s")  # fmt: skip
