@@ -235,9 +235,10 @@ class Observer:
     """What the controller and the agents do, as seen from one NATS connection: every KV
     write, every applied report, link event, plan and failover, with arrival times."""
 
-    def __init__(self, bus: Bus, simulated: set[str]) -> None:
+    def __init__(self, bus: Bus, simulated: set[str], pathcomp: str) -> None:
         self.bus = bus
         self.simulated = simulated
+        self.pathcomp = pathcomp  # its URL: whether it still has link changes to plan
         self.written: dict[str, list[tuple[int, float]]] = {}  # node -> (revision, arrival)
         self.acks: dict[str, list[Ack]] = {}
         self.applied: dict[str, int] = {}  # node -> newest revision applied
@@ -338,11 +339,14 @@ class Observer:
         return "no trace"
 
     async def settle(self, within: float) -> bool:
-        """Until every simulated agent applied its newest document and nothing has changed
-        for QUIET_S; False if `within` passed first."""
+        """Until every simulated agent applied its newest document, nothing has changed for
+        QUIET_S and pathcomp has no link change left to plan (at k=32 a replan computes for
+        seconds before it writes anything: quiet is not settled); False if `within` passed
+        first."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
-            if time.time() - self.last_change >= QUIET_S and not self.pending():
+            if (time.time() - self.last_change >= QUIET_S and not self.pending()
+                    and not await asyncio.to_thread(unplanned, self.pathcomp)):  # fmt: skip
                 return True
             await asyncio.sleep(0.1)
         return False
@@ -559,6 +563,15 @@ def leadership_losses(url: str) -> float:
                and 'transition="lost_leadership"' in line)  # fmt: skip
 
 
+def unplanned(url: str) -> float:
+    """Link changes pathcomp received and has not yet planned (its gauge)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("thorn_pathcomp_link_changes_unplanned "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def health_reports(url: str) -> float:
     """Reports health applied so far (thorn_health_reports_total{result="applied"})."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
@@ -731,17 +744,8 @@ class Bench:
             # Health holds a link back for THORN_LINK_UP_HOLD_MS (1 s, as long as the quiet
             # that ends a settle): without waiting for their "up", the next phase's first
             # change began while the probes' return was still being planned and written.
-            # Then for the plan after the last of them (pathcomp computes for seconds at
-            # k=32 before it writes anything: quiet, not settled).
             deadline = time.monotonic() + EVENT_S
-            ups: list[float | None] = []
-            while None in (ups := [self.obs.link_event(lk.id, "up", back) for lk in links]):
-                if time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(0.05)
-            last_up = max((at for at in ups if at is not None), default=back)
-            deadline = time.monotonic() + SETTLE_S
-            while not any(at >= last_up for _, at in self.obs.plans):
+            while any(self.obs.link_event(lk.id, "up", back) is None for lk in links):
                 if time.monotonic() > deadline:
                     break
                 await asyncio.sleep(0.05)
@@ -763,7 +767,7 @@ async def run_phases(result: RunResult, nats_url: str, pids: dict[str, int],
         httpx.AsyncClient(headers=headers, timeout=60) as client,
         LoopWatchdog("bench-scale", threshold_s=1.0).running(),
     ):
-        observer = Observer(bus, set(nodes))
+        observer = Observer(bus, set(nodes), urls["pathcomp"])
         await observer.start()
         with Progress(console=console) as progress:
             step = progress.add_task(f"{result.name}: plan", total=None)
@@ -1176,7 +1180,8 @@ stage written); to each rewritten simulated node's new document arriving on a KV
 own time). *Link restored*: carrier back at both ends; health holds a link that went down for
 THORN_LINK_UP_HOLD_MS (1 s) before it returns it to service. Each failure takes a fresh link
 (one that flapped carries dampening penalty). A change is over once every simulated agent has
-applied its newest document and nothing was written for 1 s; the next starts after.
+applied its newest document, nothing was written for 1 s and pathcomp had no link change
+left to plan (`thorn_pathcomp_link_changes_unplanned`); the next starts after.
 *Topology change*: a POST to topology's API; times from the request to the first plan of
 that topology revision and on. pathcomp renews its leader lease (THORN_LEASE_SECONDS, 3 s)
 on the loop it plans on; on this loaded machine it can expire, and the new term rewrites

@@ -892,3 +892,35 @@ async def test_a_leader_reads_and_writes_a_bounded_number_of_documents_at_once(
         await until(lambda: counting.calls > written and service.fabric is not None
                     and service.fabric.revision == 2, "the drain written")  # fmt: skip
         assert counting.most <= 2
+
+
+async def test_link_changes_not_yet_in_a_plan_are_counted_until_their_plan_is_adopted(
+    fabric_store: Store, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An admin (and the scale benchmark) reads from it whether re-protection is behind.
+    def unplanned() -> float:
+        return REGISTRY.get_sample_value("thorn_pathcomp_link_changes_unplanned") or 0.0
+
+    async with AsyncExitStack() as stack:
+        app = await replica(stack, fabric_store, bus, tmp_path)
+        service: PathService = app.state.pathcomp
+        async with client(app) as api:
+            pair = await api.get("/api/v1/paths", params={"src": "host1", "dst": "host2"})
+        used = pair.json()["red"]["links"][1]
+        await until(service.took_over.is_set, "leading")
+        gate, real = asyncio.Event(), service._replan
+
+        async def held(events: dict[int, LinkHealthChanged]) -> None:
+            await gate.wait()
+            await real(events)
+
+        monkeypatch.setattr(service, "_replan", held)
+        planned = service.revision + 1
+        await bus.publish(LinkHealthChanged(link_id=used, state="down", previous="up",
+                                            at=datetime.now(UTC), source="test"))  # fmt: skip
+        await until(lambda: unplanned() == 1, "the change counted")
+        await asyncio.sleep(0.2)
+        assert unplanned() == 1 and service.revision < planned  # held: still unplanned
+        gate.set()
+        await until(lambda: service.revision == planned, "the next plan revision")
+        assert unplanned() == 0

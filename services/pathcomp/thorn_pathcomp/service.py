@@ -66,6 +66,10 @@ TOPOLOGY_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5, 10, 30, 60),
 )
 PLAN_REVISION = Gauge("thorn_pathcomp_plan_revision", "Plan revision this replica serves")
+UNPLANNED = Gauge(
+    "thorn_pathcomp_link_changes_unplanned",
+    "Link health changes received and not yet in a plan (waiting or being planned)",
+)
 UNPROTECTED = Gauge("thorn_pathcomp_unprotected_pairs", "Host pairs without a disjoint backup")
 SUMMARIES_GIVEN_WAY = Counter(
     "thorn_pathcomp_summaries_given_way_total",
@@ -252,6 +256,7 @@ class PathService:
         # Link health changes waiting for re-protection, and the replanner that takes them.
         self._pending: dict[int, LinkHealthChanged] = {}
         self._wake = asyncio.Event()
+        self._planning: dict[int, LinkHealthChanged] = {}  # being planned now
         self._idle = asyncio.Event()
         self._idle.set()
         self._replanner: asyncio.Task[None] | None = None
@@ -444,6 +449,7 @@ class PathService:
         if not up:
             await self._flip_now(event, received)
         self._pending[event.link_id] = event
+        UNPLANNED.set(len(self._pending) + len(self._planning))
         self._idle.clear()
         self._wake.set()
         if self._replanner is None or self._replanner.done():
@@ -494,10 +500,14 @@ class PathService:
             if not events:
                 self._idle.set()
                 continue
+            self._planning = events
             try:
                 await self._replan(events)
             except Exception:  # keep serving the last good plan; the next change retries
                 log.exception("replan_failed", links=sorted(events))
+            finally:
+                self._planning = {}
+                UNPLANNED.set(len(self._pending))
             if not self._pending:
                 self._idle.set()
 
