@@ -6,10 +6,17 @@ a database of its own. Under CI=true an unreachable server fails the run instead
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import io
 import os
+import signal
+import sys
+import threading
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -81,3 +88,36 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real nats-server with JetStream for the whole session."""
     with EmbeddedNats(store_dir=tmp_path_factory.mktemp("nats")) as server:
         yield server.url
+
+
+# A test that has not ended after this long is taken as hung: every unfinished asyncio task's
+# stack is printed (what it awaits: a hung test's main thread shows only the loop's select),
+# then the run is stopped. Two CI runs hung in in-process services' tests, neither repeated.
+HUNG_AFTER_S = float(os.environ.get("THORN_TEST_HUNG_AFTER_S", "900"))
+
+
+def _dump_tasks_and_stop(name: str, capture: Any) -> None:
+    out = io.StringIO()
+    out.write(f"\n=== {name} still running after {HUNG_AFTER_S:g} s: its asyncio tasks ===\n")
+    for task in [o for o in gc.get_objects() if isinstance(o, asyncio.Task)]:
+        if not task.done():
+            out.write(f"--- {task.get_name()}\n")
+            task.print_stack(file=out)
+    # Past pytest's capture (its main thread waits in the loop meanwhile), then a real
+    # SIGINT: it wakes the loop's wait, which an interrupt flag alone does not.
+    with capture.global_and_fixture_disabled():
+        sys.stderr.write(out.getvalue())
+        sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
+    capture = item.config.pluginmanager.getplugin("capturemanager")
+    timer = threading.Timer(HUNG_AFTER_S, _dump_tasks_and_stop, args=(item.nodeid, capture))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
