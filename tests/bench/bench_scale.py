@@ -564,22 +564,23 @@ def leadership_losses(url: str) -> float:
                and 'transition="lost_leadership"' in line)  # fmt: skip
 
 
-def unplanned(url: str) -> float:
-    """Link changes pathcomp received and has not yet planned (its gauge)."""
+def metric(url: str, sample: str) -> float:
+    """One sample of a service's /metrics, by its name and labels as printed (0 if absent)."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     for line in text.splitlines():
-        if line.startswith("thorn_pathcomp_link_changes_unplanned "):
+        if line.startswith(f"{sample} "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
+
+
+def unplanned(url: str) -> float:
+    """Link changes pathcomp received and has not yet planned (its gauge)."""
+    return metric(url, "thorn_pathcomp_link_changes_unplanned")
 
 
 def health_reports(url: str) -> float:
-    """Reports health applied so far (thorn_health_reports_total{result="applied"})."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith('thorn_health_reports_total{result="applied"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    """Reports health applied so far."""
+    return metric(url, 'thorn_health_reports_total{result="applied"}')
 
 
 # ------------------------------------------------------------------------------- the phases

@@ -155,11 +155,11 @@ def link_flips(states: DesiredStates, link_id: int) -> list[Flip]:
                 targets = set(graph.groups.get(group, [])) if only is None else only
                 hit.append((graph.groups[source], targets, RED if cut[0] else BLUE))
     if attachment is not None:  # the source side: a multi-homed host's own uplink
-        source = graph.group_of(attachment.host)
+        source, at = graph.group_of(attachment.host), attachment.switch
         for group in plan.trees if len(source) > 1 else ():
             starts = plan.egress(source, group)
-            if starts is not None and (starts[0] == ends[0]) != (starts[1] == ends[0]):
-                colour = RED if starts[0] == ends[0] else BLUE
+            if starts is not None and (starts[0] == at) != (starts[1] == at):
+                colour = RED if starts[0] == at else BLUE
                 hit.append(([attachment.host], set(graph.groups.get(group, [])), colour))
     return _per_host(states, hit)
 
