@@ -169,12 +169,14 @@ class DesiredStateStore:
             raise
 
     async def nodes(self) -> list[str]:
-        """Nodes that currently have a desired state."""
-        try:
-            keys: list[str] = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        return sorted(keys)
+        """Nodes that currently have a desired state (read from the keys' headers only)."""
+        found: list[str] = []
+        async with DesiredStateWatch(self._kv, None, meta_only=True) as watch:
+            async for item in watch:
+                if isinstance(item, CaughtUp):
+                    break
+                found.append(item.node)
+        return sorted(found)
 
     def watch(self, node: str | None = None) -> DesiredStateWatch:
         """Watch one node's key (or all): current values, then `CAUGHT_UP`, then live updates.
@@ -195,18 +197,27 @@ class DesiredStateWatch:
     The snapshot holds each matching key's latest value (keys whose latest operation is a
     delete are left out); `CAUGHT_UP` follows it exactly once, even when it is empty; then
     every change arrives live, deletes included. The watch starts on first use.
+
+    The snapshot's end is the entry the server sent with nothing left pending. nats-py's own
+    end marker can come too early (nats.py#842): right after creating the consumer it asks
+    how much is pending, and when the server has already sent every entry but none has been
+    read yet, it reports an empty snapshot ahead of them. A marker before any entry is
+    therefore believed only when the consumer says it has delivered nothing.
     """
 
-    def __init__(self, kv: KeyValue, node: str | None) -> None:
+    def __init__(self, kv: KeyValue, node: str | None, *, meta_only: bool = False) -> None:
         self._kv = kv
         self._keys = node if node is not None else ">"
+        self._meta_only = meta_only
         self._watcher: KeyValue.KeyWatcher | None = None
+        self._seen = 0  # entries read so far, deletes included
+        self._snapshot_ended = False  # the last entry read was the snapshot's last
         self._caught_up = False
         self._stopped = False
 
     async def start(self) -> Self:
         if self._watcher is None:
-            self._watcher = await self._kv.watch(self._keys)
+            self._watcher = await self._kv.watch(self._keys, meta_only=self._meta_only)
         return self
 
     async def stop(self) -> None:
@@ -225,12 +236,17 @@ class DesiredStateWatch:
         await self.start()
         assert self._watcher is not None
         while True:
-            entry = await self._watcher.__anext__()  # type: ignore[no-untyped-call]
-            if entry is None:
-                if self._caught_up:
-                    continue
+            if self._snapshot_ended and not self._caught_up:
                 self._caught_up = True
                 return CAUGHT_UP
+            entry = await self._watcher.__anext__()  # type: ignore[no-untyped-call]
+            if entry is None:
+                if self._caught_up or self._seen or not await self._nothing_delivered():
+                    continue  # the snapshot ends with its last entry (see the class's doc)
+                self._caught_up = True
+                return CAUGHT_UP
+            self._seen += 1
+            self._snapshot_ended = entry.delta == 0
             operation = _operation(entry.operation)
             if not self._caught_up and operation != "put":
                 continue  # a deleted key is not part of the current state
@@ -242,6 +258,12 @@ class DesiredStateWatch:
                 operation=operation,
                 initial=not self._caught_up,
             )
+
+    async def _nothing_delivered(self) -> bool:
+        """True when the watch's consumer has sent nothing and has nothing pending."""
+        assert self._watcher is not None and self._watcher._sub is not None
+        info = await self._watcher._sub.consumer_info()
+        return not info.num_pending and (info.delivered is None or not info.delivered.consumer_seq)
 
     async def __aenter__(self) -> Self:
         return await self.start()
