@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import orjson
@@ -862,36 +862,95 @@ class CountingKv:
         return int(await self._counted(self.kv.update(node, value, last=last)))
 
 
-async def test_a_leader_reads_and_writes_a_bounded_number_of_documents_at_once(
+class StaleLeader(NamedTuple):
+    service: PathService
+    nodes: list[str]  # every node with a document
+    spine_link: int  # a link from a spine to leaf1
+
+
+@pytest.fixture
+async def stale_leader(
     fabric_store: Store, bus: Bus, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # At k=32 a switch's document is ~180 KB: all 9,472 written at once queued ~1 GB ahead
-    # of the lease's renewal (lost), and a new leader's reads overran the client's input.
+) -> AsyncIterator[StaleLeader]:
+    """A leading replica, its start over, that reads and writes at most two documents at
+    once, with every KV document made stale (a dead leader's unfinished term)."""
     monkeypatch.setattr(service_module, "DOCUMENTS_IN_FLIGHT", 2)
     async with AsyncExitStack() as stack:
         app = await replica(stack, fabric_store, bus, tmp_path)
         service: PathService = app.state.pathcomp
         await until(service.is_leader, "leads")
+        await until(service.took_over.is_set, "took over")  # the start's own resync is over
         assert service.states is not None
-        counting = CountingKv(service.kv)
-        service.kv = counting  # type: ignore[assignment]
         kv = await bus.desired_state()
         nodes = sorted(service.states.switch_routes) + sorted(service.states.hosts)
-        for node in nodes:  # every document stale, as a dead leader's unfinished term
-            await kv.put(node_key(node), b'{"stale": true}')
-        await service.resync()  # (the start's own may have run meanwhile: both count)
-        assert counting.calls >= 2 * len(nodes) and counting.most <= 2
         for node in nodes:
-            entry = await kv.get(node_key(node))
-            assert entry is not None and entry.value == service.states.document(node)
-        counting.most = 0
+            await kv.put(node_key(node), b'{"stale": true}')
         spine_link = next(i for i, lk in sorted((await fabric_store.load()).links.items())
                           if {lk.a.node[:5], lk.b.node[:5]} == {"spine", "leaf1"})  # fmt: skip
-        written = counting.calls
-        await commit_and_announce(fabric_store, bus, lambda f: f.drain_link(spine_link))
-        await until(lambda: counting.calls > written and service.fabric is not None
-                    and service.fabric.revision == 2, "the drain written")  # fmt: skip
-        assert counting.most <= 2
+        yield StaleLeader(service, nodes, spine_link)
+
+
+async def test_a_leader_reads_and_writes_a_bounded_number_of_documents_at_once(
+    stale_leader: StaleLeader, fabric_store: Store, bus: Bus
+) -> None:
+    # At k=32 a switch's document is ~180 KB: all 9,472 written at once queued ~1 GB ahead
+    # of the lease's renewal (lost), and a new leader's reads overran the client's input.
+    service, nodes, spine_link = stale_leader
+    assert service.states is not None
+    counting = CountingKv(service.kv)
+    service.kv = counting  # type: ignore[assignment]
+    kv = await bus.desired_state()
+    await service.resync()
+    assert counting.calls >= 2 * len(nodes) and counting.most <= 2
+    for node in nodes:
+        entry = await kv.get(node_key(node))
+        assert entry is not None and entry.value == service.states.document(node)
+    counting.most = 0
+    written = counting.calls
+    await commit_and_announce(fabric_store, bus, lambda f: f.drain_link(spine_link))
+    await until(lambda: counting.calls > written and service.fabric is not None
+                and service.fabric.revision == 2, "the drain written")  # fmt: skip
+    assert counting.most <= 2
+
+
+class HeldReadsKv(CountingKv):
+    """The real bucket, whose reads stop after the first `free` ones until `release` is set."""
+
+    def __init__(self, kv: Any, free: int) -> None:
+        super().__init__(kv)
+        self.free, self.release, self.reads, self.held = free, asyncio.Event(), 0, asyncio.Event()
+
+    async def get(self, node: str) -> Any:
+        self.reads += 1
+        if self.reads > self.free:
+            self.held.set()
+            await self.release.wait()
+        return await super().get(node)
+
+
+async def test_a_change_during_a_new_leaders_resync_is_planned_without_waiting_for_it(
+    stale_leader: StaleLeader, fabric_store: Store, bus: Bus
+) -> None:
+    # At k=32 a new leader's resync reads and compares 9,472 documents (~5 s); a host added
+    # meanwhile waited for all of it (0.7-1.25 s for its first writes, target 200 ms).
+    service, nodes, spine_link = stale_leader
+    kv = await bus.desired_state()
+    held = HeldReadsKv(service.kv, free=2)  # one chunk read, the next one held
+    service.kv = held  # type: ignore[assignment]
+    resync = asyncio.create_task(service.resync())
+    await asyncio.wait_for(held.held.wait(), WAIT)
+    await commit_and_announce(fabric_store, bus, lambda f: f.drain_link(spine_link))
+    await until(lambda: service.fabric is not None and service.fabric.revision == 2,
+                "the drain planned while the resync is held")  # fmt: skip
+    assert not resync.done()
+    held.release.set()
+    rewritten = await asyncio.wait_for(resync, WAIT)
+    # The KV ends up as the plan served after the drain, every document of the new term.
+    assert 0 < rewritten < len(nodes)  # the drain itself wrote those it changed
+    assert service.states is not None
+    for node in nodes:
+        entry = await kv.get(node_key(node))
+        assert entry is not None and entry.value == service.states.document(node), node
 
 
 async def test_link_changes_not_yet_in_a_plan_are_counted_until_their_plan_is_adopted(

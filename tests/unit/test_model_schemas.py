@@ -11,6 +11,7 @@ import re
 from functools import cache
 from typing import Any
 
+import jsonschema_rs
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -151,11 +152,15 @@ def test_an_address_or_interface_given_as_a_number_is_refused() -> None:
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.text(max_size=70) | st.from_regex(r"\A[a-z][a-z0-9./_-]{0,70}\Z"),
                        st.text(max_size=260), max_size=3))  # fmt: skip
+@example({"0\n": ""})  # found by hypothesis in CI: a key with a newline at its end
 def test_documented_label_keys_and_values_are_exactly_the_accepted_ones(
     labels: dict[str, str],
 ) -> None:
     node = {"name": "leaf1", "role": "switch", "labels": labels}
-    document = Draft202012Validator(NodeSpec.model_json_schema(), format_checker=FORMATS)
+    # The document's patterns are ECMA-262 regular expressions, where '$' ends the text (a
+    # browser's reading). Python's re, in the jsonschema package, also lets '$' match before
+    # a last newline: it would take 'a\n' for a key the API refuses.
+    document = jsonschema_rs.validator_for(NodeSpec.model_json_schema())
     try:
         NodeSpec.model_validate_json(json.dumps(node))
         ok = True

@@ -800,33 +800,51 @@ class PathService:
     async def resync(self) -> int:
         """On becoming leader: write every document the KV does not hold as this replica's
         plan has it (a dead leader's unfinished stages, or a term that saw other events),
-        switches first and hosts last. Returns the documents written."""
+        switches first and hosts last. Returns the documents written.
+
+        A chunk's documents are read without the lock and compared and written under it: at
+        k=32 the pass reads and compares 9,472 documents (~5 s), and a change arriving
+        meanwhile (a host added) must not wait for all of it. A chunk compares with the plan
+        served when it holds the lock; a document a change wrote after the chunk's read
+        compares as stale and is written once more, as the same plan has it."""
         async with self._changing():
-            states, kv = self.states, self.kv
-            if states is None or kv is None or not self.is_leader():
+            if self.states is None or self.kv is None or not self.is_leader():
                 return 0
-            states.term = self.term() or 0  # a new term: every document is stamped again
-            switches = sorted(states.switch_routes)
-            hosts = sorted(states.hosts)
-            written = 0
-            for batch in (switches, hosts):
-                for at in range(0, len(batch), DOCUMENTS_IN_FLIGHT):
-                    if not self.is_leader():
+            self.states.term = self.term() or 0  # a new term: every document is stamped again
+            batches = (sorted(self.states.switch_routes), sorted(self.states.hosts))
+            kv = self.kv
+        written = 0
+        for batch in batches:
+            for at in range(0, len(batch), DOCUMENTS_IN_FLIGHT):
+                nodes = batch[at : at + DOCUMENTS_IN_FLIGHT]
+                entries = await asyncio.gather(*(kv.get(node_key(n)) for n in nodes))
+                async with self._changing():
+                    if self.states is None or not self.is_leader():
                         return written
-                    nodes = batch[at : at + DOCUMENTS_IN_FLIGHT]
-                    entries = await asyncio.gather(*(kv.get(node_key(n)) for n in nodes))
-                    # Off the loop (at k=32 the loop must keep renewing the new lease).
-                    held, stale = await asyncio.to_thread(_to_resync, states, nodes, entries)
-                    self.written.update(held)  # later writes compare with these
-                    revisions = await asyncio.gather(
-                        *(kv.put(node_key(node), document) for node, document in stale)
-                    )
-                    for (node, _), revision in zip(stale, revisions, strict=True):
-                        self.written[node] = revision
-                    written += len(stale)
-            KV_WRITES.inc(written)
-            log.info("resynced_as_leader", documents=written, plan_revision=self.revision)
-            return written
+                    written += await self._resync_chunk(self.states, kv, nodes, entries)
+        KV_WRITES.inc(written)
+        log.info("resynced_as_leader", documents=written, plan_revision=self.revision)
+        return written
+
+    async def _resync_chunk(
+        self, states: DesiredStates, kv: KeyValue, nodes: list[str], entries: list[Entry | None]
+    ) -> int:
+        """Under the lock: write those of `nodes` whose read `entries` differ from the plan
+        (a node a change removed since the pass began is left to that change)."""
+        kept = [(n, e) for n, e in zip(nodes, entries, strict=True)
+                if n in states.hosts or n in states.switch_routes]  # fmt: skip
+        # Off the loop (at k=32 the loop must keep renewing the new lease).
+        held, stale = await asyncio.to_thread(
+            _to_resync, states, [n for n, _ in kept], [e for _, e in kept]
+        )
+        for node, revision in held.items():  # later writes compare with the newest
+            self.written[node] = max(revision, self.written.get(node, 0))
+        revisions = await asyncio.gather(
+            *(kv.put(node_key(node), document) for node, document in stale)
+        )
+        for (node, _), revision in zip(stale, revisions, strict=True):
+            self.written[node] = revision
+        return len(stale)
 
     # --- drains -----------------------------------------------------------------------------
 
