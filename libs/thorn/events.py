@@ -387,13 +387,16 @@ class FlipCommand(Event):
     """Pathcomp to a host's agent, urgent: send traffic toward `peers` on `colour` now
     (their active colour crosses `element`, which failed). `plan_revision` is the plan the
     flip was decided on; `reprotected`: the plan at that revision makes the flipped peers'
-    preferred colour safe again (a revertive agent moves back after its hold-down)."""
+    preferred colour safe again (a revertive agent moves back after its hold-down), or with
+    `every_peer` all of them (a new leader's word: at k=32 a host's peer list is 8,191
+    names, and one per host was ~800 MB)."""
 
     subject_pattern: ClassVar[str] = AGENT_FLIP_ALL
 
     node: str
     kind: Literal["flip", "reprotected"] = "flip"
     peers: list[str] = Field(default_factory=list, max_length=100_000)
+    every_peer: bool = False
     colour: Colour | None = None
     element: str = Field(min_length=1, max_length=128)
     plan_revision: int = Field(ge=0)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -178,11 +179,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="update this markdown file")
     parser.add_argument("--k", type=int, default=K)
+    parser.add_argument("--workdir", type=Path, help="keep thorn-run's stores and logs here")
     args = parser.parse_args()
-    with (
-        tempfile.TemporaryDirectory(prefix="thorn-bench-topo-") as tmp,
-        run_stack(Path(tmp), emulated=False) as stack,
-    ):
+    with contextlib.ExitStack() as keep:
+        if args.workdir is None:
+            tmp = Path(keep.enter_context(tempfile.TemporaryDirectory(prefix="thorn-bench-topo-")))
+        else:
+            args.workdir.mkdir(parents=True)
+            tmp = args.workdir
+        stack = keep.enter_context(run_stack(tmp, emulated=False))
         start = time.monotonic()
         with console.status(f"generating a k={args.k} fat-tree and its first plan"):
             answer = stack.api("POST", "/api/v1/fabric/generate/fat-tree", json={"k": args.k})

@@ -11,7 +11,7 @@ import asyncio
 import dataclasses
 import os
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 import pytest
@@ -26,7 +26,9 @@ from thorn.events import (
     DatapathApplied,
     Event,
     FailoverEvent,
+    FlipCommand,
 )
+from thorn.model import Colour
 from thorn_programmer.agent import NodeAgent
 from thorn_programmer.drivers import open_driver
 from thorn_programmer.drivers.netlink import NetlinkDatapath
@@ -87,6 +89,14 @@ class Agents:
         async with asyncio.timeout(within):
             while not done():
                 await agent.reconciled.wait()
+
+
+async def until(check: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    for _ in range(int(within / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def put_all(kv: DesiredStateStore, docs: dict[str, bytes]) -> dict[str, int]:
@@ -237,3 +247,32 @@ async def test_a_document_of_an_older_leader_term_is_counted_and_ignored(
 
 def _with_term(document: bytes, term: int) -> bytes:
     return orjson.dumps({**orjson.loads(document), "term": term})
+
+
+async def test_a_new_leaders_word_that_every_peer_is_reprotected_reverts_a_central_flip(
+    hosts: TwoHosts, kv: DesiredStateStore, bus: Bus, agents: Agents
+) -> None:
+    """A new pathcomp leader does not know the flips its predecessor made: it tells every
+    host that all its peers are re-protected (one flag, not the peer list: 8,191 names a
+    host at k=32) on a plan revision newer than theirs, and a flipped peer moves back."""
+    revisions = await put_all(kv, documents(hosts))
+    agents.start()
+    await agents.settled("h1", revisions["node.h1"])
+    await agents.settled("h2", revisions["node.h2"])
+    h1 = agents.agents["h1"]
+    h1.overrides.hold_down = 0.2
+    await bus.publish(FlipCommand(node="h1", peers=["h2"], colour=Colour.blue,
+                                  element="spine1", plan_revision=3))  # fmt: skip
+    await until(lambda: h1.overrides.colours() == {"h2": "blue"}, "h2 flipped to blue")
+    blue = tx_packets(hosts, "h1", "eth2")
+    assert await asyncio.to_thread(udp_exchange, hosts) == 20
+    assert tx_packets(hosts, "h1", "eth2") - blue >= 20  # toward h2 on blue
+
+    await bus.publish(FlipCommand(node="h1", kind="reprotected", every_peer=True,
+                                  element="new leader", plan_revision=4))  # fmt: skip
+    reconciles = h1.status.reconciles
+    await until(lambda: not h1.overrides.colours() and h1.status.reconciles > reconciles,
+                "the flip reverted and the kernel reconciled")  # fmt: skip
+    red = tx_packets(hosts, "h1", "eth1")
+    assert await asyncio.to_thread(udp_exchange, hosts) == 20
+    assert tx_packets(hosts, "h1", "eth1") - red >= 20  # back on red

@@ -178,7 +178,7 @@ def _per_host(
         for host in sources:
             if host not in states.hosts:
                 continue
-            peers = states.peers_of(host) & destinations
+            peers = states.peers_of(host, among=destinations)
             if peers:
                 by_source.setdefault(host, {}).setdefault(to, set()).update(peers)
     return [

@@ -639,10 +639,7 @@ class PathService:
             return
         told = 0
         for host in sorted(states.hosts):
-            peers = sorted(states.peers_of(host))
-            if not peers:
-                continue
-            command = FlipCommand(node=host, kind="reprotected", peers=peers,
+            command = FlipCommand(node=host, kind="reprotected", every_peer=True,
                                   element="new leader", plan_revision=self.revision)  # fmt: skip
             try:
                 await bus.publish(command)
@@ -779,12 +776,20 @@ class PathService:
                 break
             begun = time.perf_counter()
             nodes = [c.node for c in changes if stage in c.stages]
-            every = stage >= HOST_STAGE  # hosts and removals: after every switch
+            if stage >= HOST_STAGE:
+                # Hosts and removals wait for every switch, once for the whole stage (each
+                # of k=32's 8,192 hosts waiting on its own held the loop for seconds).
+                deps: dict[str, set[str]] = {n: set() for n in nodes}
+                every = {d: r for d, r in prior.items() if d not in cut_off}
+                if every and (late := await self.acks.wait(every, self.stage_timeout)):
+                    log.warning("stage_not_acknowledged", stage=stage, late=late[:10],
+                                count=len(late))  # fmt: skip
+            else:  # hop by hop, walked off the loop (seconds for a k=32 stage)
+                deps = await asyncio.to_thread(
+                    lambda: {n: states.depends_on(n, stage) for n in nodes}  # noqa: B023
+                )
             try:
-                written = dict(await asyncio.gather(*(
-                    one(n, stage, set(prior) if every else states.depends_on(n, stage))
-                    for n in nodes
-                )))  # fmt: skip
+                written = dict(await asyncio.gather(*(one(n, stage, deps[n]) for n in nodes)))
             except Deposed as exc:
                 log.warning("deposed_while_writing", stage=stage, node=str(exc))
                 break

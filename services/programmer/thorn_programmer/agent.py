@@ -495,8 +495,9 @@ class NodeAgent:
         """Pathcomp's urgent flips, and its word that re-protection is done."""
         received = utcnow()
         if command.kind == "reprotected":
+            named = list(self.overrides.by_peer) if command.every_peer else command.peers
             # Not toward a peer whose preferred path this host's own BFD sees down.
-            peers = [p for p in command.peers if self.path_state(p, self.preferred(p)) is not
+            peers = [p for p in named if self.path_state(p, self.preferred(p)) is not
                      State.DOWN]  # fmt: skip
             first = self.overrides.reprotected(peers, command.plan_revision, time.time())
             if first is not None:
