@@ -130,6 +130,12 @@ async def blast(url: str, nodes: dict[str, list[str]], seconds: float, in_flight
                 except nats.errors.TimeoutError:
                     counts["unanswered"] += 1
                     continue
+                except nats.errors.NoRespondersError:
+                    # health is reconnecting (an overloaded machine: the server cut it off
+                    # as a slow consumer): unanswered, as an agent's report would be
+                    counts["unanswered"] += 1
+                    await asyncio.sleep(0.1)
+                    continue
                 counts["ok" if orjson.loads(reply.data)["ok"] else "refused"] += 1
 
         await asyncio.gather(*(lane() for _ in range(in_flight)))
