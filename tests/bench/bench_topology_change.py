@@ -179,7 +179,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", type=Path, help="update this markdown file")
     parser.add_argument("--k", type=int, default=K)
-    parser.add_argument("--workdir", type=Path, help="keep thorn-run's stores and logs here")
+    parser.add_argument(
+        "--workdir", type=Path, help="keep thorn-run's stores and logs here (must be new)"
+    )
     args = parser.parse_args()
     with contextlib.ExitStack() as keep:
         if args.workdir is None:
