@@ -22,6 +22,7 @@ from thorn.model import (
     OffloadPolicy,
     PortRef,
     PortSpec,
+    Role,
     Tep,
     Workload,
 )
@@ -357,3 +358,40 @@ def test_a_host_change_while_health_holds_its_link_out_advances_as_a_full_build(
     new = states.advance(held, both.recomputed, both.dropped, 2,
                          HostsMoved.of(fabric, hosts, states.topology))  # fmt: skip
     assert documents(new) == documents(DesiredStates.build(fabric, held, 2))
+
+
+# k=8: enough groups that most keep their trees while a switch's links come back.
+DRAINED = {**FABRICS, "fat-tree k=8": fat_tree(8)}
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(sorted(DRAINED)), st.integers(0, 999), st.integers(0, 999))
+def test_a_switch_drained_and_returned_with_all_its_links_at_once_equals_a_full_build(
+    name: str, pick: int, other: int
+) -> None:
+    """A switch drain takes all of its links out in one update and its undrain brings them
+    back in one (links coming back may be any group's choice: most groups come out with
+    the trees they had, and only the links' ends are looked at again). A second link,
+    failed meanwhile, stays out. Each step's documents equal a full build's."""
+    fabric = Fabric.from_document(DRAINED[name])
+    plan = Plan.compute(fabric)
+    states = DesiredStates.build(fabric, plan, revision=1)
+    switches = sorted(n for n, node in fabric.nodes.items() if node.role is Role.switch)
+    switch = switches[pick % len(switches)]
+    own = [i for i, link in fabric.links.items() if switch in (link.a.node, link.b.node)]
+    others = sorted(set(fabric.links) - set(own))
+    failed = others[other % len(others)]
+    steps = [dict.fromkeys(own, False), {failed: False}, dict.fromkeys(own, True)]
+    for revision, step in enumerate(steps, start=2):
+        for link_id, up in step.items():
+            state = AdminState.up if up else AdminState.down
+            fabric.update_link(link_id, LinkUpdate(admin_state=state))
+        before = documents(states)
+        plan, update = plan.update_links(step, fabric.revision)
+        new = states.advance(plan, update.recomputed, update.dropped, revision)
+        after = documents(new)
+        assert after == documents(DesiredStates.build(fabric, new.plan, new.revision))
+        assert {c.node for c in diff(states, new)} == {
+            n for n in after if before.get(n) != after[n]
+        }
+        states = new

@@ -65,7 +65,14 @@ from thorn_pathcomp.trees import (
     group_seed,
 )
 
-__all__ = ["ColourRouting", "backup_hops", "local_repair", "routing"]
+__all__ = [
+    "ColourRouting",
+    "backup_hops",
+    "carry_routing",
+    "gained_link_moves",
+    "local_repair",
+    "routing",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +100,20 @@ def routing(graph: FabricGraph, trees: GroupTrees, colour: ColourIndex) -> Colou
         trees.derived.clear()
     trees.derived[key] = (graph.adjacency, found)
     return found
+
+
+def carry_routing(
+    old_graph: FabricGraph, before: GroupTrees, graph: FabricGraph, trees: GroupTrees
+) -> None:
+    """Keep the routing of `before` in `old_graph` as that of `trees` (equal to `before`)
+    in `graph`: for a caller that established no change between the two can move it (a
+    link that failed or came back where this group neither used nor takes it). The next
+    event then starts from it instead of computing it again."""
+    for colour in COLOURS:
+        found = routing(old_graph, before, colour)
+        if len(trees.derived) > 4:
+            trees.derived.clear()
+        trees.derived[(id(graph.adjacency), int(colour))] = (graph.adjacency, found)
 
 
 def _descend_idle(
@@ -225,14 +246,79 @@ def _choose(
     entries, src, nbr, eid = entries[ok], src[ok], nbr[ok], eid[ok]
     if not entries.size:
         return {}
-    # Prefer node protection, then the nearest neighbour, then the highest weight: one
-    # int64 key (1 bit, 10 bits of distance, the weight's top 52 bits).
-    key = (nbr != primary_switch[src]).astype(np.int64) << 62
-    key |= (MAX_DIST - np.minimum(dist[nbr], MAX_DIST)) << 52
-    key |= (_weights(seed, eid) >> np.uint64(12)).astype(np.int64)
-    best = _segment_best(src, key)
+    best = _segment_best(src, _backup_keys(nbr, primary_switch[src], dist[nbr], eid, seed))
     hop = c.hop  # one NextHop per CSR entry, shared by every group of this graph
     return {v: hop[k] for v, k in zip(src[best].tolist(), entries[best].tolist(), strict=True)}
+
+
+def _backup_keys(nbr: Ints, primary: Ints, dist_nbr: Ints, eid: Ints, seed: int) -> Ints:
+    """A downstream backup candidate's rank (the largest wins): node protection first, then
+    the nearest neighbour, then the highest weight; one int64 (1 bit, 10 bits of distance,
+    the weight's top 52 bits)."""
+    key: Ints = (nbr != primary).astype(np.int64) << 62
+    key |= (MAX_DIST - np.minimum(dist_nbr, MAX_DIST)) << 52
+    key |= (_weights(seed, eid) >> np.uint64(12)).astype(np.int64)
+    return key
+
+
+def gained_link_moves(
+    old_graph: FabricGraph, trees: GroupTrees, colour: ColourIndex, r: ColourRouting, edge: int
+) -> bool:
+    """Whether link `edge`, back in service while `trees` stayed as they were, changes any
+    route or backup of `r` (the routing in `old_graph`, before it came back). With the trees
+    and so every distance unchanged, only an end of the link can take it: as an idle
+    switch's descent (it beats that end's best lower neighbour and shortens its route) or
+    as a downstream backup (it outranks the end's present one, or the end had none or only
+    a U-turn). If neither end takes it, nothing else can change either: other switches'
+    candidates, distances and U-turn partners are the same. Mirrors `_descend_idle` and
+    `_choose`; `True` only means "compute it" (`routing` decides)."""
+    e = old_graph.edges[edge]
+    dist = r.dist
+    for x, y in ((e.u, e.v), (e.v, e.u)):
+        if dist[y] >= INF:
+            continue
+        if _descent_beaten(old_graph, trees, colour, dist, x, y, edge):
+            return True
+        hop = r.next[x]
+        if hop is None or hop.switch == HOST or dist[y] >= dist[x]:
+            continue  # no switch primary, or `y` is not downstream of `x`
+        present = r.backup.get(x)
+        if present is None or x in r.uturn:
+            return True  # a downstream backup now exists: it replaces none or a U-turn
+        keys = _backup_keys(
+            np.array([y, present.switch], dtype=np.int64),
+            np.array([hop.switch, hop.switch], dtype=np.int64),
+            np.array([dist[y], dist[present.switch]], dtype=np.int64),
+            np.array([edge, present.edge], dtype=np.int64),
+            group_seed(trees.group),
+        )
+        if keys[0] > keys[1]:
+            return True
+    return False
+
+
+def _descent_beaten(
+    old_graph: FabricGraph, trees: GroupTrees, colour: ColourIndex, dist: list[int],
+    x: int, y: int, edge: int,
+) -> bool:  # fmt: skip
+    """Whether idle switch `x` would descend over the new `edge` to `y` (`_descend_idle`:
+    the lower-level neighbour nearest along the routes, then the lowest edge index, taken
+    only if it shortens the tree's route). Its rivals are the links alive before (other
+    links coming back are checked on their own: whichever wins, one of them says so)."""
+    level = trees.level
+    tree_hop = trees.next[colour][x]
+    if level[y] >= level[x] or tree_hop is None or tree_hop.switch == HOST:
+        return False
+    if dist[y] + 1 >= trees.dist[colour][x]:
+        return False  # not shorter than the tree's own route: never taken
+    rank = (-min(dist[y], MAX_DIST), -edge)
+    for w, i in old_graph.adjacency[x]:
+        if level[w] < level[x] and dist[w] < INF and (-min(dist[w], MAX_DIST), -i) > rank:
+            return False  # an old neighbour still wins
+    # Idle: routed to a switch, no tree child, no hosts of its own.
+    if x in old_graph.sources:
+        return False
+    return not any(h is not None and h.switch == x for h in trees.next[colour])
 
 
 MAX_DIST = 1023  # distances beyond count as equal in the keys (no fabric is that deep)

@@ -19,7 +19,7 @@ import orjson
 from thorn.desired import VNI_CHUNK, vni_key
 from thorn.fabric import Fabric, port_key
 from thorn.model import Colour, Workload
-from thorn_pathcomp.backups import routing
+from thorn_pathcomp.backups import carry_routing, gained_link_moves, routing
 from thorn_pathcomp.graph import Attachment, FabricGraph, Group
 from thorn_pathcomp.plan import Plan
 from thorn_pathcomp.trees import (
@@ -598,6 +598,11 @@ class DesiredStates:
         new.switch_routes, self.switch_routes = self.switch_routes, {}
         new._backup_docs = self._backup_docs
         relinked = plan.graph.alive != self.plan.graph.alive
+        # Groups the update recomputed into the trees they had: a link coming back may be
+        # any group's choice, so all are recomputed, and nearly all come out as before.
+        # Only a link's ends can move there, as in a group the update kept (below).
+        if relinked:
+            recomputed = recomputed - _same_trees(self.plan, plan, recomputed - regrouped)
         # Write the changed groups' new routes, then drop the old keys nobody wrote again:
         # a route that comes out the same (a host moved between groups) is no change.
         # Groups whose hosts changed but not their trees nor their prefixes: only the host
@@ -631,9 +636,10 @@ class DesiredStates:
                                                         strict=True)) if a != b]  # fmt: skip
             for group in set(plan.trees) - recomputed - regrouped:
                 trees = plan.trees[group]
-                if _may_move(self.plan.graph, trees, plan.graph, changed) and (
-                    moved := _moved(self.plan.graph, trees, plan.graph, trees)
-                ):
+                before = self.plan.trees.get(group, trees)  # equal; its routing is cached
+                if not _may_move(self.plan.graph, before, plan.graph, changed):
+                    carry_routing(self.plan.graph, before, plan.graph, trees)
+                elif moved := _moved(self.plan.graph, before, plan.graph, trees):
                     new._redo_at(group, self.plan, moved)
         new.hosts = {h: d for h, d in self.hosts.items() if h in plan.graph.attachments}
         redo = self._touched(plan, recomputed, regrouped)
@@ -741,12 +747,33 @@ def _moved(
     return moved
 
 
+def _same_trees(old: Plan, new: Plan, groups: Set[Group]) -> set[Group]:
+    """Those of `groups` whose trees in `new` equal their trees in `old`."""
+    out: set[Group] = set()
+    for group in groups:
+        before, after = old.trees.get(group), new.trees.get(group)
+        if (
+            before is not None
+            and after is not None
+            and (
+                after is before
+                or (after.dist == before.dist and after.level == before.level and after == before)
+            )
+        ):
+            out.add(group)
+    return out
+
+
 def _may_move(
     old_graph: FabricGraph, trees: GroupTrees, graph: FabricGraph, edges: list[int]
 ) -> bool:
     """Whether changed `edges` can move a route or backup of a group whose trees stayed:
     a lost edge only if a route (an idle descent) or a backup took it; a gained one only if
-    it joins switches at different distances (it may become a backup or a descent)."""
+    an end of it would take it (`backups.gained_link_moves`). Checked per link from the
+    routing before, which is kept: a restored link may be any group's choice, and computing
+    every group's routing again to find the few that change took seconds at k=32."""
+    if old_graph.sources != graph.sources:
+        return True  # which switches count as idle moved
     for c in COLOURS:
         r = routing(old_graph, trees, c)
         for i in edges:
@@ -756,7 +783,7 @@ def _may_move(
                     hop, alternate = r.next[end], r.backup.get(end)
                     if (hop is not None and hop.edge == i) or (alternate and alternate.edge == i):
                         return True
-            elif r.dist[e.u] != r.dist[e.v]:
+            elif gained_link_moves(old_graph, trees, c, r, i):
                 return True
     return False
 
