@@ -271,6 +271,27 @@ def test_incremental_equals_full_on_random_fabrics(
         assert same_trees(plan, Plan.compute(fabric, summarise=False))
 
 
+@settings(max_examples=40, deadline=None)
+@given(two_edge_connected(), link_events, st.lists(st.integers(0, 10_000), max_size=3))
+def test_an_update_with_links_held_out_equals_a_full_recompute_with_them_out(
+    fabric: Fabric, events: list[tuple[int, bool]], held: list[int]
+) -> None:
+    """Health's overlay (links it holds out, whatever their admin state) is applied in the
+    same update as the topology change: the plan is the full one with those links out."""
+    plan = Plan.compute(fabric)
+    ids = sorted(fabric.links)
+    held_out = {ids[pick % len(ids)] for pick in held}
+    for pick, up in events:
+        link_id = ids[pick % len(ids)]
+        state = AdminState.up if up else AdminState.drained
+        fabric.update_link(link_id, LinkUpdate(admin_state=state))
+        plan, _ = plan.update(fabric, held_out=held_out)
+        full, _ = Plan.compute(fabric, summarise=False).update_links(
+            dict.fromkeys(held_out, False), fabric.revision
+        )
+        assert same_trees(plan, full)
+
+
 def test_a_failure_recomputes_only_the_destinations_whose_trees_it_touches() -> None:
     fabric = Fabric.from_document(fat_tree(8))
     plan = Plan.compute(fabric)

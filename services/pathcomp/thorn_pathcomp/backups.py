@@ -96,24 +96,40 @@ def routing(graph: FabricGraph, trees: GroupTrees, colour: ColourIndex) -> Colou
     nexts, dist = _descend_idle(graph, trees, colour)
     backups, uturns = backup_hops(graph, nexts, dist, group_seed(trees.group), trees.group)
     found = ColourRouting(nexts, dist, backups, uturns)
-    if len(trees.derived) > 4:
-        trees.derived.clear()
-    trees.derived[key] = (graph.adjacency, found)
+    _remember(trees, graph, int(colour), found)
     return found
 
 
+DERIVED_KEPT = 4  # routings kept per group: both colours of the last two graph states
+
+
+def _remember(trees: GroupTrees, graph: FabricGraph, colour: int, found: ColourRouting) -> None:
+    """Keep `found` with the trees for `graph`'s state, dropping the oldest beyond
+    DERIVED_KEPT (the dict keeps insertion order)."""
+    trees.derived[(id(graph.adjacency), colour)] = (graph.adjacency, found)
+    while len(trees.derived) > DERIVED_KEPT:
+        del trees.derived[next(iter(trees.derived))]
+
+
 def carry_routing(
-    old_graph: FabricGraph, before: GroupTrees, graph: FabricGraph, trees: GroupTrees
+    old_graph: FabricGraph,
+    before: GroupTrees,
+    graph: FabricGraph,
+    trees: GroupTrees,
+    *,
+    known_only: bool = False,
 ) -> None:
     """Keep the routing of `before` in `old_graph` as that of `trees` (equal to `before`)
     in `graph`: for a caller that established no change between the two can move it (a
     link that failed or came back where this group neither used nor takes it). The next
-    event then starts from it instead of computing it again."""
+    event then starts from it instead of computing it again. With `known_only`, only a
+    routing already computed is carried (none is computed for it)."""
     for colour in COLOURS:
-        found = routing(old_graph, before, colour)
-        if len(trees.derived) > 4:
-            trees.derived.clear()
-        trees.derived[(id(graph.adjacency), int(colour))] = (graph.adjacency, found)
+        if known_only:
+            hit = before.derived.get((id(old_graph.adjacency), int(colour)))
+            if hit is None or hit[0] is not old_graph.adjacency:
+                continue
+        _remember(trees, graph, int(colour), routing(old_graph, before, colour))
 
 
 def _descend_idle(

@@ -26,6 +26,7 @@ from thorn_pathcomp.trees import (
     COLOUR_AT,
     COLOURS,
     HOST,
+    INF,
     ColourIndex,
     GroupTrees,
     NextHop,
@@ -600,9 +601,18 @@ class DesiredStates:
         relinked = plan.graph.alive != self.plan.graph.alive
         # Groups the update recomputed into the trees they had: a link coming back may be
         # any group's choice, so all are recomputed, and nearly all come out as before.
-        # Only a link's ends can move there, as in a group the update kept (below).
+        # Only a link's ends can move there, as in a group the update kept (below); with no
+        # link changed (a switch undrained whose links health still holds out), nothing,
+        # unless the switches with hosts moved (an idle switch is one without).
+        same = _same_trees(self.plan, plan, recomputed - regrouped)
         if relinked:
-            recomputed = recomputed - _same_trees(self.plan, plan, recomputed - regrouped)
+            recomputed = recomputed - same
+        elif self.plan.graph.sources == plan.graph.sources:
+            recomputed = recomputed - same
+            if plan.graph is not self.plan.graph:  # the next event starts from these
+                for group in set(plan.trees) - recomputed - regrouped:
+                    carry_routing(self.plan.graph, self.plan.trees.get(group, plan.trees[group]),
+                                  plan.graph, plan.trees[group], known_only=True)  # fmt: skip
         # Write the changed groups' new routes, then drop the old keys nobody wrote again:
         # a route that comes out the same (a host moved between groups) is no change.
         # Groups whose hosts changed but not their trees nor their prefixes: only the host
@@ -723,7 +733,10 @@ class DesiredStates:
         or stopped being, reachable by blue only (the colour they use toward its hosts)."""
         graph = plan.graph
         hosts = {h for h, a in graph.attachments.items() if len({x.host_port for x in a}) > 1}
+        sources = self.plan.graph.sources | graph.sources  # any source group's switches
         for destination in recomputed | regrouped:
+            if all(_both_colours(p, destination, sources) for p in (self.plan, plan)):
+                continue  # no source is blue-only toward it, before or after
             for source, members in graph.groups.items():
                 before = self.plan.blue_only(source, destination)
                 after = plan.blue_only(source, destination)
@@ -745,6 +758,16 @@ def _moved(
             if x != y or a.dist[v] != b.dist[v] or a.backup.get(v) != b.backup.get(v)
         )  # fmt: skip
     return moved
+
+
+def _both_colours(plan: Plan, destination: Group, switches: Set[int]) -> bool:
+    """Whether each of `switches` reaches `destination` by both colours in `plan`: then no
+    source group among them is blue-only toward it (`Plan.blue_only`), as in a healthy
+    fabric, and the check per source (512 x 512 pairs at k=32) can be skipped."""
+    trees = plan.trees.get(destination)
+    if trees is None:
+        return False
+    return all(trees.dist[c][s] < INF for c in COLOURS for s in switches)
 
 
 def _same_trees(old: Plan, new: Plan, groups: Set[Group]) -> set[Group]:

@@ -9,7 +9,7 @@ by the hosts in each group.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -299,17 +299,6 @@ class PlanUpdate:
     full: bool
     seconds: float
 
-    def then(self, after: PlanUpdate) -> PlanUpdate:
-        """This update followed by `after`, made on this one's plan: a group `after` dropped
-        is dropped, not recomputed (a host this update regrouped that health holds out of
-        service again); the states would look its trees up in a plan that has none."""
-        return PlanUpdate(
-            (self.recomputed | after.recomputed) - after.dropped,
-            self.dropped | after.dropped,
-            self.full or after.full,
-            self.seconds + after.seconds,
-        )
-
 
 # GET /paths' words; "degraded" is a shared risk: only what no path choice avoids here is
 # shared (a single-homed end's host link and switch, a switch, an SRLG).
@@ -398,23 +387,36 @@ class Plan:
 
     # --- incremental re-protection ----------------------------------------------------------
 
-    def update(self, fabric: Fabric, hosts: set[str] | None = None) -> tuple[Plan, PlanUpdate]:
+    def update(
+        self, fabric: Fabric, hosts: set[str] | None = None, held_out: Set[int] = frozenset()
+    ) -> tuple[Plan, PlanUpdate]:
         """The plan for `fabric`, recomputing only the groups a change can touch; `hosts`:
-        only these hosts changed (nothing of the switches), the graph is patched for them.
+        only these hosts changed (nothing of the switches), the graph is patched for them;
+        `held_out`: links of `fabric` to plan as out of service whatever their admin state
+        (health's view), taken out in the same step: an undrained switch whose links health
+        still holds out changes nothing, where first putting its links back and then taking
+        them out again recomputed every group twice.
 
-        The result equals `Plan.compute(fabric)` (tests hold it to that). A change of
-        switches, of the set of switch-to-switch links or of SRLGs recomputes everything.
+        The result equals `Plan.compute(fabric)` followed by `update_links` of `held_out`
+        (tests hold it to that). A change of switches, of the set of switch-to-switch links
+        or of SRLGs recomputes everything.
         """
         start = time.perf_counter()
+        out = dict.fromkeys(held_out, False)
         if hosts is not None:
-            return self._update_to(self.graph.with_hosts(fabric, hosts), fabric.revision, start)
+            graph = self.graph.with_hosts(fabric, hosts)
+            graph = graph.with_link_states(out) if out else graph
+            return self._update_to(graph, fabric.revision, start)
         graph = FabricGraph.from_fabric(fabric)
         if not graph.same_structure(self.graph) or any(
             a.srlgs != b.srlgs for a, b in zip(graph.edges, self.graph.edges, strict=True)
         ):
             plan = Plan.compute(fabric, summarise=False)
+            if out:
+                plan, _ = plan.update_links(out, fabric.revision)
             elapsed = time.perf_counter() - start
             return plan, PlanUpdate(frozenset(plan.trees), frozenset(), True, elapsed)
+        graph = graph.with_link_states(out) if out else graph
         return self._update_to(graph, fabric.revision, start)
 
     def update_links(self, states: dict[int, bool], revision: int) -> tuple[Plan, PlanUpdate]:

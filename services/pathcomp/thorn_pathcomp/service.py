@@ -109,12 +109,8 @@ def _updated_plan(
     plan: Plan, fabric: Fabric, moved: set[str] | None, overlay: dict[int, bool]
 ) -> tuple[Plan, PlanUpdate]:
     """`plan` moved to `fabric` (`moved`: the hosts of a change of hosts only), with the
-    links health holds out taken out again."""
-    plan, update = plan.update(fabric, moved)
-    if overlay:
-        plan, again = plan.update_links(overlay, fabric.revision)
-        update = update.then(again)
-    return plan, update
+    links health holds out kept out (in the same step)."""
+    return plan.update(fabric, moved, held_out={k for k, up in overlay.items() if not up})
 
 
 def _to_resync(
