@@ -88,6 +88,10 @@ class NotFound(Exception):
     """The resource a request addresses (by URL) does not exist."""
 
 
+class NotReplayable(Exception):
+    """A `topology.changed` event's rows cannot be replayed on a held fabric (`replayed`)."""
+
+
 @dataclass(frozen=True)
 class Change:
     """One row-level effect of an operation, in the order the store must apply it."""
@@ -301,6 +305,28 @@ class Fabric:
         then this fabric is in an unknown state and must be reloaded."""
         for change in changes:
             self._replay_one(change)
+
+    def replayed(
+        self, revision: int, changes: Sequence[RowChange], spare: Fabric | None = None
+    ) -> Fabric:
+        """This fabric moved to `revision` by a `topology.changed` event's rows, as a copy
+        (`spare`: one made of it ahead); this one stays as it is. Raises NotReplayable when
+        the rows cannot be replayed here: not the next revision, a bulk
+        write summarised instead of itemised, or rows that do not fit. Then read the store
+        whole. At k=32 that read takes ~5 s, a replay milliseconds."""
+        if revision != self.revision + 1:
+            raise NotReplayable(f"revision {revision} does not follow {self.revision}")
+        if not changes or any(
+            c.kind not in ROW_MODELS or (c.op != "delete" and c.value is None) for c in changes
+        ):
+            raise NotReplayable("a bulk write: its rows are not itemised")
+        fabric = spare if spare is not None else self.copy()
+        try:
+            fabric.replay(changes)
+        except (FabricError, NotFound) as exc:
+            raise NotReplayable(f"its rows do not fit: {exc}") from exc
+        fabric.revision = revision
+        return fabric
 
     def hosts_touched(self, changes: Sequence[RowChange]) -> set[str] | None:
         """The hosts that changes (about to be replayed here) touch: their nodes, ports,

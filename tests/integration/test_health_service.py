@@ -35,6 +35,7 @@ from thorn.events import (
     agent_report_subject,
     utcnow,
 )
+from thorn.events import Change as EventChange
 from thorn.fabric import Fabric
 from thorn.generators import leaf_spine
 from thorn.model import TokenRole
@@ -282,6 +283,59 @@ async def test_a_drained_link_or_node_is_published_as_drained(
             drained = (await client.get("/api/v1/health/links?state=drained")).json()
             assert [i["link_id"] for i in drained["items"]] == [UPLINK]
             assert (await client.get("/api/v1/health/events")).json()["total"] == 0
+
+
+async def commit_with_rows(
+    store: Store, bus: Bus, fabric: Fabric, operation: Callable[[Fabric], Any]
+) -> int:
+    """An operation on `fabric` (the store's) committed and announced as the topology
+    service does: with its rows."""
+    changes = operation(fabric)
+    revision = await store.commit(
+        changes, expected_revision=fabric.revision, next_link_id=fabric.next_link_id,
+        actor="test", action="test", target="test", detail={},
+    )  # fmt: skip
+    rows = [
+        EventChange(kind=c.kind, op=c.op, key=c.key,
+                    value=c.value.model_dump(mode="json") if c.value is not None else None)
+        for c in changes
+    ]  # fmt: skip
+    await bus.publish(TopologyChanged(revision=revision, at=utcnow(), actor="test", changes=rows))
+    return revision
+
+
+async def test_a_topology_change_is_followed_by_replaying_its_rows_not_reading_the_store(
+    fabric_store: Store, bus: Bus, events: Events, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At k=32 a whole read of the store held health's loop ~5 s (its lease lost, reports
+    waiting): an itemised change is replayed on the fabric health holds. A gap in revisions
+    (an event missed) is still read from the store."""
+    reads: list[int] = []
+    load = fabric_store.load
+
+    async def counted() -> Fabric:
+        reads.append(1)
+        return await load()
+
+    async with AsyncExitStack() as stack:
+        app = await health(stack, fabric_store, bus, tmp_path)
+        monkeypatch.setattr(fabric_store, "load", counted)  # the real store, its reads counted
+        service: HealthService = app.state.health
+        await commit_with_rows(fabric_store, bus, await load(), lambda f: f.drain_link(UPLINK))
+        await until(lambda: [s for _, s in events.of(UPLINK)][-1:] == ["drained"], "drained")
+        assert reads == [] and service.fabric is not None
+        assert service.fabric.links[UPLINK].admin_state.value == "drained"
+        # One change health never hears of, then one it does: the second cannot be replayed.
+        fabric = await load()
+        await fabric_store.commit(fabric.undrain_link(UPLINK), expected_revision=fabric.revision,
+                                  next_link_id=fabric.next_link_id, actor="test",
+                                  action="link.undrain", target=str(UPLINK), detail={})  # fmt: skip
+        revision = await commit_with_rows(fabric_store, bus, await load(),
+                                          lambda f: f.drain_link(OTHER))  # fmt: skip
+        await until(lambda: service.revision == revision, "the store read")
+        assert len(reads) == 1
+        assert events.of(UPLINK)[-1][0] == "drained"  # back in service: the store's view
+        assert events.of(OTHER)[-1][1] == "drained"
 
 
 @pytest.mark.parametrize(

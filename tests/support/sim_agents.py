@@ -25,7 +25,9 @@ from contextlib import asynccontextmanager
 from thorn.bus import Bus
 from thorn_programmer.agent import NodeAgent
 from thorn_programmer.app import supervised
+from thorn_programmer.drivers.flower import FlowerDriver
 from thorn_programmer.drivers.netlink import ApplyReport, NetlinkDatapath
+from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import HostIntent, Intent, SwitchIntent
 from thorn_programmer.kernel import Change, KernelObject
 from thorn_programmer.monitor import LinkCounters, LinkEvent, MonitorItem, OperState
@@ -44,6 +46,9 @@ class NullDatapath(NetlinkDatapath):
 
     def __init__(self, kind: str) -> None:  # the parent's sockets are not made
         self.kind = kind
+        # As the driver it stands in for: no better (a host's reconcile reads back).
+        real = SwitchRouteDriver if kind == "switch" else FlowerDriver
+        self.settles_in_one_pass = real.settles_in_one_pass
         self.netns = None
         self.installed: dict[tuple[object, ...], KernelObject] = {}
         self.applied_changes = 0

@@ -8,7 +8,8 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-from thorn_programmer.drivers.netlink import ApplyReport
+from thorn_programmer.drivers.netlink import ApplyError, ApplyReport
+from thorn_programmer.drivers.switch import SwitchRouteDriver
 from thorn_programmer.intent import SwitchIntent, UnderlayRoute
 from thorn_programmer.kernel import Change, KernelObject, Route
 from thorn_programmer.reconcile import reconcile
@@ -20,6 +21,7 @@ class Kernel:
     """A driver over a set of routes; `read` waits for `release` when one is given."""
 
     name = "stand-in"
+    settles_in_one_pass = False  # as NetlinkDatapath's: read back after applying
 
     def __init__(self, lock: asyncio.Lock, release: asyncio.Event | None = None) -> None:
         self.objects: list[KernelObject] = []
@@ -77,3 +79,37 @@ async def test_a_flip_during_the_read_sends_the_pass_back_to_render_and_applies_
     result = await task
     assert result.stale and result.applied == [] and kernel.applied_under_lock == []
     assert committed == []  # the intent it read for is not what flips start from
+
+
+async def test_a_switch_is_not_read_back_after_a_pass_that_applied_every_change() -> None:
+    """A switch's routes are independent objects (`SwitchRouteDriver.settles_in_one_pass`):
+    once every change of a pass applied, a second read of ~2,000 routes finds nothing."""
+    lock = asyncio.Lock()
+    kernel = Kernel(lock)
+    kernel.settles_in_one_pass = SwitchRouteDriver.settles_in_one_pass
+    committed: list[bool] = []
+    result = await reconcile(kernel, INTENT, lock=lock,  # type: ignore[arg-type]
+                             commit=lambda: committed.append(True))  # fmt: skip
+    assert SwitchRouteDriver.settles_in_one_pass
+    assert result.ok and len(result.applied) == 1 and result.passes == 1
+    assert kernel.read_under_lock == [False]  # the pass alone
+    assert committed == [True]
+
+
+class Refusing(Kernel):
+    """Applies nothing of the second route: the kernel refuses it."""
+
+    async def apply(self, changes: Sequence[Change]) -> ApplyReport:
+        report = await super().apply(changes[:1])
+        report.errors = [ApplyError(c, "refused") for c in changes[1:]]
+        return report
+
+
+async def test_a_switch_pass_with_a_refused_change_is_read_back() -> None:
+    lock = asyncio.Lock()
+    kernel = Refusing(lock)
+    kernel.settles_in_one_pass = True
+    two = SwitchIntent("leaf1", 3, (*INTENT.routes, UnderlayRoute("10.224.0.32/32", "swp2", None)))
+    result = await reconcile(kernel, two, lock=lock)  # type: ignore[arg-type]
+    assert not result.ok and len(result.applied) == 1
+    assert kernel.read_under_lock == [False, False]  # read again: what did the kernel keep?

@@ -33,7 +33,7 @@ from thorn.events import (
     new_trace_id,
     utcnow,
 )
-from thorn.fabric import ROW_MODELS, Fabric, FabricError, NotFound
+from thorn.fabric import Fabric, NotReplayable
 from thorn.model import AdminState, Role
 from thorn.store import Store
 from thorn.watchdog import building_long_lived, keep_long_lived
@@ -412,26 +412,22 @@ class PathService:
         """The held fabric moved to the event's revision by its rows, with what they touch;
         no fabric when it cannot be (then read the store)."""
         fabric = self.fabric
-        if fabric is None or event.revision != fabric.revision + 1:
+        if fabric is None:
             return Replayed(None)
-        if not event.changes or any(
-            c.kind not in ROW_MODELS or (c.op != "delete" and c.value is None)
-            for c in event.changes
-        ):
-            return Replayed(None)  # a bulk write, summarised (or not itemised): read the store
-        moved = fabric.hosts_touched(event.changes)
-        drained = moved is None and fabric.admin_states_only(event.changes)
         # The served plan's fabric stays as it is until the new one is adopted: replay on a
         # copy, the spare one made since the last change if there is one.
         spare, self._spare = self._spare, None
-        fabric = spare[1] if spare is not None and spare[0] is fabric else fabric.copy()
         try:
-            fabric.replay(event.changes)
-        except (FabricError, NotFound) as exc:
-            log.warning("topology_replay_failed", revision=event.revision, error=str(exc))
+            new = fabric.replayed(
+                event.revision,
+                event.changes,
+                spare[1] if spare is not None and spare[0] is fabric else None,
+            )
+        except NotReplayable as exc:
+            log.info("topology_read_whole", revision=event.revision, why=str(exc))
             return Replayed(None)
-        fabric.revision = event.revision
-        return Replayed(fabric, moved, drained)
+        moved = fabric.hosts_touched(event.changes)
+        return Replayed(new, moved, moved is None and fabric.admin_states_only(event.changes))
 
     async def on_link_health(self, event: LinkHealthChanged) -> None:
         """A link's health changed: first the urgent flips (a link going out of service),

@@ -3,10 +3,12 @@
 Idempotent by construction: a second run reads back what the first wrote and finds nothing
 to do, so restarting the agent causes no rule churn. A pass whose changes succeeded is
 followed by another read, because one change can take others with it (replacing a VXLAN
-device drops its FDB entries); passes stop when nothing is left, or when what is left is
-what just failed (those errors are reported, never swallowed). Changes a driver defers
-(a switch route through a port that is admin down, which the kernel refuses until the port
-is up) are reported apart and carried out when the port comes up (repair.LocalRepair.link).
+device drops its FDB entries), unless the driver's changes cannot (a switch's routes:
+`settles_in_one_pass`) and all of them applied; passes stop when nothing is left, or when
+what is left is what just failed (those errors are reported, never swallowed). Changes a
+driver defers (a switch route through a port that is admin down, which the kernel refuses
+until the port is up) are reported apart and carried out when the port comes up
+(repair.LocalRepair.link).
 """
 
 from __future__ import annotations
@@ -84,7 +86,13 @@ async def reconcile(
                     result.deferred += report.deferred
                     failed |= {(e.change.op, e.change.obj.key)
                                for e in report.errors + report.deferred}  # fmt: skip
-                if report is None or not report.applied or n + 1 == MAX_PASSES:
+                settled = (
+                    report is not None
+                    and driver.settles_in_one_pass
+                    and not report.errors
+                    and not report.deferred
+                )
+                if report is None or not report.applied or settled or n + 1 == MAX_PASSES:
                     commit()
                     break
     result.seconds = time.perf_counter() - start

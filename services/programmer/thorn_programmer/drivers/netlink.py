@@ -134,6 +134,10 @@ class NetlinkDatapath:
     """One namespace's THORN objects: read, diff (kernel.diff), apply."""
 
     name: ClassVar[str] = "netlink"
+    # Whether applying a change can never remove or alter another of THORN's objects, so a
+    # pass whose changes all applied leaves the kernel as rendered and reconcile need not
+    # read it back (`reconcile`). Not so by default: replacing a VXLAN device drops its FDB.
+    settles_in_one_pass: bool = False
 
     def __init__(self, ip: AsyncIPRoute, netns: str | None, tc: TcSocket) -> None:
         self.ip = ip
