@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -613,10 +613,17 @@ class Bench:
         return False
 
     async def change(
-        self, what: str, t0: float, link: tuple[int, str] | None, topology: int | None = None
+        self,
+        what: str,
+        t0: float,
+        link: tuple[int, str] | None,
+        topology: int | None = None,
+        back: Sequence[int] = (),
     ) -> Change:
         """What followed a change made at `t0` (this clock), once it settled: with
-        `topology`, once a plan of that topology revision (or later) is out."""
+        `topology`, once a plan of that topology revision (or later) is out; with `back`
+        (the links an undrain returns to service), once health said each is up again and a
+        plan followed: only then does traffic use them."""
         c = Change(what)
         losses = await asyncio.to_thread(leadership_losses, self.urls["pathcomp"])
         if link is not None:
@@ -627,10 +634,19 @@ class Bench:
                 await asyncio.sleep(0.01)
             c.health_ms = (at - t0) * 1000 if at is not None else math.nan
             c.hops = self.obs.link_hops(link[0], link[1], t0)
+        after = t0  # the plan that counts comes after this
+        deadline = time.monotonic() + EVENT_S
+        for link_id in back:
+            while (at := self.obs.link_event(link_id, "up", t0)) is None:
+                if time.monotonic() > deadline:
+                    self.r.notes.append(f"{what}: link {link_id} not back up in {EVENT_S:g} s")
+                    break
+                await asyncio.sleep(0.01)
+            after = max(after, at or after)
         deadline = time.monotonic() + SETTLE_S
 
         def planned(event: PathsChanged, at: float) -> bool:
-            return at >= t0 and (topology is None or event.topology_revision >= topology)
+            return at >= after and (topology is None or event.topology_revision >= topology)
 
         while not any(planned(e, at) for e, at in self.obs.plans):
             if time.monotonic() > deadline:
@@ -677,11 +693,14 @@ class Bench:
     async def topology_changes(self, task: TaskID, client: httpx.AsyncClient) -> None:
         link = next(self.fresh)
         agg = sorted(n for n in self.agents.worker_of if n.startswith("agg"))[0]
-        steps = [(f"drain link {link.id}", f"/api/v1/links/{link.id}/drain"),
-                 (f"undrain link {link.id}", f"/api/v1/links/{link.id}/undrain"),
-                 (f"drain switch {agg}", f"/api/v1/nodes/{agg}/drain"),
-                 (f"undrain switch {agg}", f"/api/v1/nodes/{agg}/undrain")]  # fmt: skip
-        for what, path in steps:
+        own = sorted(i for i, lk in self.fabric.links.items() if agg in (lk.a.node, lk.b.node))
+        steps: list[tuple[str, str, list[int]]] = [
+            (f"drain link {link.id}", f"/api/v1/links/{link.id}/drain", []),
+            (f"undrain link {link.id}", f"/api/v1/links/{link.id}/undrain", [link.id]),
+            (f"drain switch {agg}", f"/api/v1/nodes/{agg}/drain", []),
+            (f"undrain switch {agg}", f"/api/v1/nodes/{agg}/undrain", own),
+        ]
+        for what, path, back in steps:
             if self.over_budget("topology changes"):
                 return
             self.agents.check()
@@ -691,7 +710,8 @@ class Bench:
                 raise RuntimeError(f"{path}: {answer.status_code} {answer.text[:200]}")
             summary = await client.get(f"{self.urls['topology']}/api/v1/fabric/summary")
             revision = int(summary.json()["revision"])
-            self.r.topology.append(await self.change(what, t0, None, topology=revision))
+            self.r.topology.append(await self.change(what, t0, None, topology=revision,
+                                                     back=back))  # fmt: skip
             self.progress.advance(task)
 
     async def ingest(
