@@ -433,3 +433,47 @@ async def test_work_starts_again_when_a_lost_lease_is_reclaimed(
         finally:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["answer-late", "request-lost"])
+async def test_a_renewal_whose_answer_is_late_keeps_the_term(
+    nats_server: EmbeddedNats, landed: bool
+) -> None:
+    """A busy replica's loop can stall past the operation timeout while a renewal is in
+    flight. That used to cost the term at once (at k=32 health then lost it 32 times in a
+    row). Now, while the lease lasts, the leader reads the key: its own record at a newer
+    revision means the write landed; else it renews again. Either way no rival could have
+    taken the key, and the term goes on."""
+    async with candidates(nats_server.url, 2) as (_, elections):
+        first, second = elections
+        await first.start()
+        await until(lambda: first.is_leader, "the first candidate leads")
+        await second.start()
+        term = first.term
+        kv = first._kv  # the real bucket, its answers held back once
+        assert kv is not None
+        update, held = kv.update, []
+
+        async def late(*args: Any, **kwargs: Any) -> int:
+            if not held:
+                held.append(True)
+                if landed:
+                    await update(*args, **kwargs)  # written, and the answer comes too late
+                await asyncio.sleep(first.op_timeout * 3)
+            return await update(*args, **kwargs)
+
+        kv.update = late  # type: ignore[method-assign]
+        lost: list[Transition] = []
+        stream = first.transitions()
+        watcher = asyncio.create_task(_collect(stream, lost))
+        await until(lambda: bool(held), "a renewal held back")
+        await asyncio.sleep(3 * TTL)
+        watcher.cancel()
+        stream.close()
+        assert lost == [] and first.is_leader and first.term == term
+        assert not second.is_leader
+
+
+async def _collect(stream: Any, into: list[Transition]) -> None:
+    async for transition in stream:
+        into.append(transition)

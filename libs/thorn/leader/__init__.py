@@ -9,9 +9,13 @@
 One key per election (`pathcomp`) in the lease bucket (`thorn-leases`), whose entries expire
 `ttl` seconds (the bucket's max_age) after they were written. A candidate becomes leader by
 `create` (succeeds only while the key is absent: never written, deleted, or expired), renews
-with a compare-and-set `update(last=revision)` every ttl/3, and steps down on the first failed
-renewal (conflict, timeout, lost connection). Followers try `create` every ttl/3 and at once
-when a KV watch shows the key deleted (a leader that resigns). A graceful `close()`/`resign()`
+with a compare-and-set `update(last=revision)` every ttl/3, and steps down on a renewal that
+conflicts or loses the connection. A renewal whose answer is late (a busy replica's loop
+stalled past the operation timeout) is not given up at once: while the lease lasts, the
+holder reads the key (its own record at a newer revision: the write landed, and the lease
+counts from when the first unanswered renewal was sent) or renews again. Followers try
+`create` every ttl/3 and at once when a KV watch shows the key deleted (a leader that
+resigns). A graceful `close()`/`resign()`
 deletes the key with `last=revision`, so another candidate takes over within milliseconds; a
 crashed leader's key expires at most `ttl` after the crash (plus the server's expiry lag, up
 to 0.25 s for file storage), and a follower's next poll, ttl/3 later at most, takes over.

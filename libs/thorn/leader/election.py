@@ -132,6 +132,8 @@ class LeaderElection:
         self._announced = False  # a became_leader was emitted and no lost_leadership since
         self._epoch = 0  # bumped by every step-down (and resign/close, which step down)
         self._written: int | None = None  # revision of our latest write that may be current
+        # When the first renewal whose answer has not come was sent (None: none outstanding).
+        self._late_since: float | None = None
         self._hold_off_until = 0.0
         self._nudge = asyncio.Event()
         self._leader_event = asyncio.Event()
@@ -383,6 +385,8 @@ class LeaderElection:
                 return  # resigned meanwhile, or lapsed: the next round steps down
             assert self._kv is not None and self._lease.revision is not None
             sent = self._clock()
+            if self._late_since is None:
+                self._late_since = sent
             try:
                 async with asyncio.timeout(min(self.op_timeout, self._lease.remaining())):
                     revision = await self._kv.update(
@@ -392,14 +396,48 @@ class LeaderElection:
                 self._written = None
                 self._step_down("renewal_conflict")
                 return
+            except (TimeoutError, nats.errors.TimeoutError) as exc:
+                # The answer is late, not necessarily the write (a busy replica's loop stalled
+                # past op_timeout): while the lease lasts, see whether a renewal landed and
+                # else renew again, rather than give up the term at once.
+                if not await self._renewal_landed() and not self._lease.valid:
+                    self._step_down("renewal_failed", error=f"{type(exc).__name__}: {exc}")
+                return
             except _TRANSIENT as exc:
                 self._step_down("renewal_failed", error=f"{type(exc).__name__}: {exc}")
                 return
-            self._written = revision
-            if not self._lease.held:
-                return  # stepped down while the renewal was in flight; close/resign deletes
-            if not self._lease.grant(revision, sent, new_term=False):
-                self._step_down("lease_expired")
+            self._take_renewal(revision, sent)
+
+    def _take_renewal(self, revision: int, sent: float) -> None:
+        """A renewal sent at `sent` was written at `revision`."""
+        self._written, self._late_since = revision, None
+        if not self._lease.held:
+            return  # stepped down while the renewal was in flight; close/resign deletes
+        if not self._lease.grant(revision, sent, new_term=False):
+            self._step_down("lease_expired")
+
+    async def _renewal_landed(self) -> bool:
+        """After renewals whose answers were late: whether one was written (the key holds
+        this very record at a newer revision); if so the lease counts from the first of
+        them that was sent (it was written no earlier). False when unknown too."""
+        assert self._kv is not None and self._lease.revision is not None
+        try:
+            async with asyncio.timeout(min(self.op_timeout, self._lease.remaining())):
+                entry = await self._kv.get(self.name)
+        except nats.js.errors.KeyNotFoundError:
+            return False
+        except _TRANSIENT:
+            return False
+        if (
+            entry.revision is None
+            or entry.revision <= self._lease.revision
+            or _Record.decode(entry.value) != self._record
+        ):
+            return False
+        assert self._late_since is not None
+        log.info("lease_renewal_answered_late", election=self.name, revision=entry.revision)
+        self._take_renewal(entry.revision, self._late_since)
+        return True
 
     async def _follow_once(self) -> None:
         if self._announced:
@@ -554,6 +592,7 @@ class LeaderElection:
 
     def _step_down(self, reason: str, **details: str) -> None:
         self._epoch += 1  # a write in flight now must not make this candidate leader
+        self._late_since = None
         term = self._lease.drop()
         if not self._announced:
             return
