@@ -311,9 +311,9 @@ class Fabric:
     ) -> Fabric:
         """This fabric moved to `revision` by a `topology.changed` event's rows, as a copy
         (`spare`: one made of it ahead); this one stays as it is. Raises NotReplayable when
-        the rows cannot be replayed here: not the next revision, a bulk
-        write summarised instead of itemised, or rows that do not fit. Then read the store
-        whole. At k=32 that read takes ~5 s, a replay milliseconds."""
+        the rows cannot be replayed here: not the next revision, a bulk write summarised
+        instead of itemised, or rows that do not fit. Then read the store whole. At k=32
+        that read takes ~5 s, a replay milliseconds."""
         if revision != self.revision + 1:
             raise NotReplayable(f"revision {revision} does not follow {self.revision}")
         if not changes or any(

@@ -15,10 +15,10 @@ stalled past the operation timeout) is not given up at once: while the lease las
 holder reads the key (its own record at a newer revision: the write landed, and the lease
 counts from when the first unanswered renewal was sent) or renews again. Followers try
 `create` every ttl/3 and at once when a KV watch shows the key deleted (a leader that
-resigns). A graceful `close()`/`resign()`
-deletes the key with `last=revision`, so another candidate takes over within milliseconds; a
-crashed leader's key expires at most `ttl` after the crash (plus the server's expiry lag, up
-to 0.25 s for file storage), and a follower's next poll, ttl/3 later at most, takes over.
+resigns). A graceful `close()`/`resign()` deletes the key with `last=revision`, so another
+candidate takes over within milliseconds; a crashed leader's key expires at most `ttl` after
+the crash (plus the server's expiry lag, up to 0.25 s for file storage), and a follower's
+next poll, ttl/3 later at most, takes over.
 
 Safety (never two leaders acting at once):
 

@@ -424,9 +424,7 @@ class LeaderElection:
         try:
             async with asyncio.timeout(min(self.op_timeout, self._lease.remaining())):
                 entry = await self._kv.get(self.name)
-        except nats.js.errors.KeyNotFoundError:
-            return False
-        except _TRANSIENT:
+        except _TRANSIENT:  # KeyNotFoundError too: expired, or never ours
             return False
         if (
             entry.revision is None
