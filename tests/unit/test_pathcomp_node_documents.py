@@ -395,3 +395,21 @@ def test_a_switch_drained_and_returned_with_all_its_links_at_once_equals_a_full_
             n for n in after if before.get(n) != after[n]
         }
         states = new
+
+
+def test_an_edge_uplink_failing_rewrites_the_switches_near_it_not_the_whole_fabric() -> None:
+    """The switches whose routes move are those whose distances to the edge switch moved
+    and those whose chosen next hop did; with colours counted afresh it was every one of
+    fat_tree(8)'s 80 switches."""
+    fabric = Fabric.from_document(fat_tree(8))
+    plan = Plan.compute(fabric, summarise=False)
+    pod_one = {f"{kind}1-{i}" for kind in ("edge", "agg") for i in range(1, 5)}
+    uplinks = [e for e in plan.graph.edges
+               if {plan.graph.switches[e.u], plan.graph.switches[e.v]} <= pod_one]  # fmt: skip
+    assert uplinks
+    for edge in uplinks:
+        states = DesiredStates.build(fabric, plan, revision=1)
+        after, update = plan.update_links({edge.link_id: False}, 2)
+        new = states.advance(after, update.recomputed, update.dropped, 2)
+        rewritten = {c.node for c in diff(states, new)} & set(new.switch_routes)
+        assert len(rewritten) < 0.6 * len(plan.graph.switches), edge

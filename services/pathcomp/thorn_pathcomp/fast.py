@@ -43,11 +43,13 @@ class Csr:
     """The alive adjacency as arrays: entry k goes from src[k] to nbr[k] over edge eid[k];
     a switch's entries are indptr[s]:indptr[s + 1]."""
 
-    def __init__(self, graph: FabricGraph) -> None:
+    def __init__(self, graph: FabricGraph, every_edge: bool = False) -> None:
         # From the edge list and the alive flags (not the adjacency lists): a few array
         # operations, so that each incremental update's new graph gets its CSR cheaply.
         ends = _edge_ends(graph)
-        alive = np.flatnonzero(np.array(graph.alive, dtype=bool))
+        flags = np.ones(len(graph.edges), dtype=bool) if every_edge else np.array(graph.alive)
+        alive = np.flatnonzero(flags)
+        self.intact = alive.size == len(graph.edges)  # every switch-to-switch link in service
         src = np.concatenate([ends[0][alive], ends[1][alive]])
         order = np.argsort(src, kind="stable")
         self.src: Ints = src[order]
@@ -68,20 +70,31 @@ class Csr:
         return self._hop
 
 
-_ends_cache: dict[int, tuple[object, tuple[Ints, Ints]]] = {}
+_ends_cache: dict[int, tuple[object, tuple[Ints, Ints], bytes]] = {}
 
 
-def _edge_ends(graph: FabricGraph) -> tuple[Ints, Ints]:
-    """Each edge's two switches as arrays; the edge list is shared by a graph's states."""
+def _ends_entry(graph: FabricGraph) -> tuple[object, tuple[Ints, Ints], bytes]:
     hit = _ends_cache.get(id(graph.edges))
     if hit is not None and hit[0] is graph.edges:
-        return hit[1]
+        return hit
     ends = (np.array([e.u for e in graph.edges], dtype=np.int64),
             np.array([e.v for e in graph.edges], dtype=np.int64))  # fmt: skip
     if len(_ends_cache) > 4:
         _ends_cache.clear()
-    _ends_cache[id(graph.edges)] = (graph.edges, ends)
-    return ends
+    key = len(graph.switches).to_bytes(8, "little") + ends[0].tobytes() + ends[1].tobytes()
+    entry = (graph.edges, ends, key)
+    _ends_cache[id(graph.edges)] = entry
+    return entry
+
+
+def _edge_ends(graph: FabricGraph) -> tuple[Ints, Ints]:
+    """Each edge's two switches as arrays; the edge list is shared by a graph's states."""
+    return _ends_entry(graph)[1]
+
+
+def _structure_key(graph: FabricGraph) -> bytes:
+    """Equal for graphs with the same switches and switch-to-switch links, in order."""
+    return _ends_entry(graph)[2]
 
 
 # One CSR per adjacency list (a graph's state): kept while that list is alive.
@@ -101,7 +114,7 @@ def csr(graph: FabricGraph) -> Csr:
 
 
 def layers_and_colours(
-    graph: FabricGraph, group: Group, c: Csr
+    graph: FabricGraph, group: Group, c: Csr, prefer: Ints | None = None
 ) -> tuple[Ints, Ints, list[SwitchId]]:
     """As `trees.layers_and_colours`: levels, colours, and the order they were given in."""
     n = len(graph.switches)
@@ -137,9 +150,12 @@ def layers_and_colours(
         if single and depth == 1:
             alt[:] = True
         layer_colour = seen_layer - 1
-        k = int(alt.sum())
-        layer_colour[alt] = (alternate + np.arange(k)) % 2
-        alternate += k
+        if prefer is None:
+            k = int(alt.sum())
+            layer_colour[alt] = (alternate + np.arange(k)) % 2
+            alternate += k
+        else:
+            layer_colour[alt] = prefer[fresh[alt]]
         colour[fresh] = layer_colour
         order.extend(fresh.tolist())
         frontier = fresh
@@ -181,13 +197,40 @@ def _best(rows: Ints, keys: list[npt.NDArray[np.generic]]) -> Ints:
     return order[last]
 
 
-def compute_group(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees | None:
+# Per fabric structure (its edges' ends, as bytes): the intact CSR and colours per group.
+_intact: dict[bytes, tuple[Csr, dict[Group, Ints]]] = {}
+
+
+def intact_colours(graph: FabricGraph, group: Group) -> Ints | None:
+    """The colours `group`'s partition gives each switch with every switch-to-switch link
+    of `graph`'s fabric in service: what a switch free to choose its colour takes, so that
+    colours stay where they were while links fail and return. None when `graph` is that
+    fabric (its own count gives them). Kept per structure and group: a topology change
+    that moves no switch-to-switch link (a drain, a host) finds them made."""
+    if csr(graph).intact:
+        return None
+    key = _structure_key(graph)
+    entry = _intact.get(key)
+    if entry is None:
+        if len(_intact) > 4:
+            _intact.clear()
+        entry = _intact[key] = (Csr(graph, every_edge=True), {})
+    found = entry[1].get(group)
+    if found is None:
+        found = layers_and_colours(graph, group, entry[0])[1].astype(np.int8)
+        entry[1][group] = found
+    return found
+
+
+def compute_group(
+    graph: FabricGraph, group: Group, sources: set[SwitchId], prefer: Ints | None = None
+) -> GroupTrees | None:
     """`trees.compute_group` with arrays; None where only the Python path is exact."""
     if graph.has_srlgs:
         return None
     c = csr(graph)
     n = len(graph.switches)
-    level, colour, order = layers_and_colours(graph, group, c)
+    level, colour, order = layers_and_colours(graph, group, c, prefer)
     single = len(group) == 1
     weight = _weights(group_seed(group), c.eid)
     src, nbr = c.src, c.nbr

@@ -132,7 +132,8 @@ def relayer(
     group = trees.group
     # The array layering (fast.py): the same levels and colours, without a Python loop over
     # every edge (this is most of an aggregation-core failure's cost).
-    levels, colours, _ = fast.layers_and_colours(graph, group, fast.csr(graph))
+    prefer = fast.intact_colours(graph, group)
+    levels, colours, _ = fast.layers_and_colours(graph, group, fast.csr(graph), prefer)
     level, colour = levels.tolist(), colours.tolist()
     n = len(level)
     moved = {v for v in range(n) if level[v] != trees.level[v] or colour[v] != trees.colour[v]}
@@ -188,7 +189,10 @@ def relayer(
 
 def group_trees(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> GroupTrees:
     """The colour partition (shortest on Clos fabrics), or st-numberings where it falls short."""
-    trees = fast.compute_group(graph, group, sources) or compute_group(graph, group, sources)
+    prefer = fast.intact_colours(graph, group)
+    trees = fast.compute_group(graph, group, sources, prefer) or compute_group(
+        graph, group, sources, prefer
+    )
     if not trees.fallback:
         return trees
     red, blue = st_next_hops(graph, group)
