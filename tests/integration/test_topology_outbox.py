@@ -145,3 +145,19 @@ async def test_a_write_through_the_service_is_sent_and_taken_out_of_the_outbox(
             await eventually(sent_and_cleared, "both events sent and out of the outbox", WAIT_S)
         finally:
             await service.stop()
+
+
+async def test_a_started_replica_loads_its_snapshot_before_any_request(store: Store) -> None:
+    """A k=32 fabric takes seconds to load: the first write after a start must not pay it."""
+    await add_node(store, "leaf1", event(1, "writer"))
+    service = TopologyService(store, None, await store.store_id())
+    assert service.serving_revision is None
+    service.start()
+    try:
+
+        async def loaded() -> bool:
+            return service.serving_revision == await store.revision()
+
+        await eventually(loaded, "the snapshot loaded with no request", WAIT_S)
+    finally:
+        await service.stop()

@@ -346,6 +346,14 @@ class PathService:
                     states = await asyncio.to_thread(
                         DesiredStates.build, fabric, plan, self.revision + 1
                     )
+            states_s = time.perf_counter() - start - seconds
+            log.info(
+                "topology_replanned",
+                revision=fabric.revision,
+                replay_ms=round((start - received) * 1000, 1),
+                plan_ms=round(seconds * 1000, 1),
+                states_ms=round(states_s * 1000, 1),
+            )
             await self._adopt(
                 fabric,
                 plan,
@@ -678,25 +686,33 @@ class PathService:
         fresh: bool = False,
     ) -> PlanStatus:
         old = self.states
+        comparing = time.perf_counter()
         # Off the event loop: at k=32 comparing 9,472 documents takes seconds, and a loop
         # held that long misses the lease's renewal (the lease is lost, a resync follows).
         changes = await asyncio.to_thread(_changes, old, states, fresh or update is None)
-        await asyncio.to_thread(prepare_flips, plan)  # the next failure's flips, ready
+        # The next failure's flips are made while the rollout waits for agents (up to a
+        # second after a k=32 drain), and are ready before this plan is the one served.
+        flips_ready = asyncio.ensure_future(asyncio.to_thread(prepare_flips, plan))
         published = 0
         stage_timings: list[dict[str, float]] = []  # for the log: where a rollout's time goes
         adopting = time.perf_counter()
         states.term = self.term() or 0
-        if self.is_leader() and self.kv is not None:
-            if vnis:
-                documents = await asyncio.to_thread(states.vni_documents)
-                for key, document in documents.items():
-                    if self._vni_written.get(key) != document:  # unchanged: not rewritten
-                        await self.kv.put(key, document)
-                        self._vni_written[key] = document
-                        published += 1
-            published += await self._roll_out(states, changes, plan.graph.cut_off(),
-                                              stage_timings)  # fmt: skip
-            KV_WRITES.inc(published)
+        try:
+            if self.is_leader() and self.kv is not None:
+                if vnis:
+                    documents = await asyncio.to_thread(states.vni_documents)
+                    for key, document in documents.items():
+                        if self._vni_written.get(key) != document:  # unchanged: not rewritten
+                            await self.kv.put(key, document)
+                            self._vni_written[key] = document
+                            published += 1
+                published += await self._roll_out(states, changes, plan.graph.cut_off(),
+                                                  stage_timings)  # fmt: skip
+                KV_WRITES.inc(published)
+            rolled_out = time.perf_counter()
+        finally:
+            await flips_ready  # a worker thread: it ends whatever happens here
+        flips_waited_ms = (time.perf_counter() - rolled_out) * 1000
         self.revision += 1
         for change in changes:
             self.changed_at[change.node] = self.revision
@@ -720,7 +736,9 @@ class PathService:
             reason=reason,
             seconds=round(seconds, 4),
             published=published,
-            rollout_ms=round((time.perf_counter() - adopting) * 1000, 1),
+            compare_ms=round((adopting - comparing) * 1000, 1),
+            rollout_ms=round((rolled_out - adopting) * 1000, 1),
+            flips_wait_ms=round(flips_waited_ms, 1),
             stages=stage_timings,
         )
         if self.is_leader() and self.bus is not None:
