@@ -178,7 +178,8 @@ def relayer(
         if not sources.isdisjoint(gone):
             return None
         if gone:
-            extend(frozenset(gone), hops, dist_c, srlg_c, adjacency, edges)
+            seeds = fast.extension_seeds(graph, gone, dist_c)
+            extend(frozenset(gone), hops, dist_c, srlg_c, adjacency, edges, seeds)
         missing.append(frozenset(gone))
     relayered = GroupTrees(
         group, level, colour, nexts, dists, trees.srlgs, False, "partition",
