@@ -117,7 +117,7 @@ bench-failover: venv test-deps
 ## docs/benchmarks.md
 bench-scale: venv
 	$(BIN)/python tests/bench/bench_scale.py --write docs/benchmarks.md
-	$(BIN)/python tests/bench/bench_scale.py --k 32 --nats embedded --failures 3 \
+	$(BIN)/python tests/bench/bench_scale.py --k 32 --nats embedded --failures 5 \
 		--agents-per-process 500 --write docs/benchmarks.md
 
 clean:
