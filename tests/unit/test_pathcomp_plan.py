@@ -410,6 +410,19 @@ def test_a_failed_link_is_seen_the_same_by_both_paths() -> None:
         assert quick is None or quick == compute_group(graph, group, graph.sources, prefer)
 
 
+def test_the_colours_a_failure_prefers_are_those_of_the_intact_fabric() -> None:
+    """Whether kept from the intact plan (`keep_intact_colours`) or made on demand."""
+    fabric = Fabric.from_document(fat_tree(4))
+    plan = Plan.compute(fabric)
+    degraded = plan.graph.with_link_states({plan.graph.edges[0].link_id: False})
+    every_edge = fast.Csr(degraded, every_edge=True)
+    for group in plan.trees:
+        prefer = fast.intact_colours(degraded, group)
+        assert prefer is not None
+        intact = fast.layers_and_colours(degraded, group, every_edge)[1]
+        assert prefer.tolist() == intact.tolist() == plan.trees[group].colour
+
+
 @settings(max_examples=80, deadline=None)
 @given(
     st.one_of(biconnected(), two_edge_connected()),

@@ -199,8 +199,19 @@ def _best(rows: Ints, keys: list[npt.NDArray[np.generic]]) -> Ints:
     return order[last]
 
 
-# Per fabric structure (its edges' ends, as bytes): the intact CSR and colours per group.
-_intact: dict[bytes, tuple[Csr, dict[Group, Ints]]] = {}
+# Per fabric structure (its edges' ends, as bytes): the intact CSR, made when first needed,
+# and the intact colours per group.
+_intact: dict[bytes, tuple[list[Csr], dict[Group, Ints]]] = {}
+
+
+def _intact_entry(graph: FabricGraph) -> tuple[list[Csr], dict[Group, Ints]]:
+    key = _structure_key(graph)
+    entry = _intact.get(key)
+    if entry is None:
+        if len(_intact) > 4:
+            _intact.clear()
+        entry = _intact[key] = ([], {})
+    return entry
 
 
 def intact_colours(graph: FabricGraph, group: Group) -> Ints | None:
@@ -211,17 +222,22 @@ def intact_colours(graph: FabricGraph, group: Group) -> Ints | None:
     that moves no switch-to-switch link (a drain, a host) finds them made."""
     if csr(graph).intact:
         return None
-    key = _structure_key(graph)
-    entry = _intact.get(key)
-    if entry is None:
-        if len(_intact) > 4:
-            _intact.clear()
-        entry = _intact[key] = (Csr(graph, every_edge=True), {})
-    found = entry[1].get(group)
+    held, colours = _intact_entry(graph)
+    found = colours.get(group)
     if found is None:
-        found = layers_and_colours(graph, group, entry[0])[1].astype(np.int8)
-        entry[1][group] = found
+        if not held:
+            held.append(Csr(graph, every_edge=True))
+        found = layers_and_colours(graph, group, held[0])[1].astype(np.int8)
+        colours[group] = found
     return found
+
+
+def keep_intact_colours(graph: FabricGraph, group: Group, colour: Sequence[int]) -> None:
+    """`colour`, computed for `group` on `graph`, kept as its intact colours if `graph` is
+    the intact fabric: a plan made with every link in service then costs the first
+    failure after it nothing to find them (~1 ms a group at k=32)."""
+    if csr(graph).intact:
+        _intact_entry(graph)[1].setdefault(group, np.array(colour, dtype=np.int8))
 
 
 def compute_group(

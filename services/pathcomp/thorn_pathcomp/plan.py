@@ -194,6 +194,8 @@ def group_trees(graph: FabricGraph, group: Group, sources: set[SwitchId]) -> Gro
     trees = fast.compute_group(graph, group, sources, prefer) or compute_group(
         graph, group, sources, prefer
     )
+    if prefer is None:  # `graph` is the intact fabric: these are the colours to prefer
+        fast.keep_intact_colours(graph, group, trees.colour)
     if not trees.fallback:
         return trees
     red, blue = st_next_hops(graph, group)
