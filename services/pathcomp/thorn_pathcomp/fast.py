@@ -199,19 +199,27 @@ def _best(rows: Ints, keys: list[npt.NDArray[np.generic]]) -> Ints:
     return order[last]
 
 
-# Per fabric structure (its edges' ends, as bytes): the intact CSR, made when first needed,
-# and the intact colours per group.
-_intact: dict[bytes, tuple[list[Csr], dict[Group, Ints]]] = {}
+class _Intact:
+    """One fabric structure with every switch-to-switch link in service: its CSR (made
+    when first needed) and its colours per group."""
+
+    def __init__(self) -> None:
+        self.csr: Csr | None = None
+        self.colours: dict[Group, Ints] = {}
 
 
-def _intact_entry(graph: FabricGraph) -> tuple[list[Csr], dict[Group, Ints]]:
+# Per fabric structure (its edges' ends, as bytes).
+_intact: dict[bytes, _Intact] = {}
+
+
+def _intact_of(graph: FabricGraph) -> _Intact:
     key = _structure_key(graph)
-    entry = _intact.get(key)
-    if entry is None:
+    found = _intact.get(key)
+    if found is None:
         if len(_intact) > 4:
             _intact.clear()
-        entry = _intact[key] = ([], {})
-    return entry
+        found = _intact[key] = _Intact()
+    return found
 
 
 def intact_colours(graph: FabricGraph, group: Group) -> Ints | None:
@@ -222,13 +230,13 @@ def intact_colours(graph: FabricGraph, group: Group) -> Ints | None:
     that moves no switch-to-switch link (a drain, a host) finds them made."""
     if csr(graph).intact:
         return None
-    held, colours = _intact_entry(graph)
-    found = colours.get(group)
+    intact = _intact_of(graph)
+    found = intact.colours.get(group)
     if found is None:
-        if not held:
-            held.append(Csr(graph, every_edge=True))
-        found = layers_and_colours(graph, group, held[0])[1].astype(np.int8)
-        colours[group] = found
+        if intact.csr is None:
+            intact.csr = Csr(graph, every_edge=True)
+        found = layers_and_colours(graph, group, intact.csr)[1].astype(np.int8)
+        intact.colours[group] = found
     return found
 
 
@@ -237,7 +245,7 @@ def keep_intact_colours(graph: FabricGraph, group: Group, colour: Sequence[int])
     the intact fabric: a plan made with every link in service then costs the first
     failure after it nothing to find them (~1 ms a group at k=32)."""
     if csr(graph).intact:
-        _intact_entry(graph)[1].setdefault(group, np.array(colour, dtype=np.int8))
+        _intact_of(graph).colours.setdefault(group, np.array(colour, dtype=np.int8))
 
 
 def compute_group(
